@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/shardgate/shardgate/config"
+	"github.com/shardgate/shardgate/router"
+	"github.com/shardgate/shardgate/shardmap"
+)
+
+// Timings of serve's background work.
+const (
+	mapPollInterval = time.Second
+	upkeepInterval  = time.Hour
+	shutdownTimeout = 30 * time.Second
+)
+
+// serve runs the API until ctx ends, then stops accepting, lets in-flight requests finish and
+// closes the pools.
+func serve(ctx context.Context, cfg *config.Config, m *shardmap.Map, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	return serveOn(ctx, ln, cfg, m, log, nil)
+}
+
+// serveOn is serve on a given listener. ready, if not nil, is called once the router accepts
+// requests.
+func serveOn(ctx context.Context, ln net.Listener, cfg *config.Config, m *shardmap.Map, log *slog.Logger, ready func(addr string)) error {
+	if cfg.Auth.Mode == "none" {
+		log.Warn("AUTHENTICATION IS OFF (auth.mode: none): every request is the client \"anonymous\"; use this for local development only")
+	}
+	topo, err := router.OpenTopology(m, nil, cfg.ShardPool)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv := router.New(cfg, topo, log, reg)
+
+	reloadNow := make(chan struct{}, 1)
+	trigger := func() {
+		select {
+		case reloadNow <- struct{}{}:
+		default: // a reload is already pending
+		}
+	}
+	srv.OnStaleMap(trigger)
+	bg, stopBG := context.WithCancel(context.Background())
+	defer stopBG()
+	go watchMap(bg, cfg.ShardmapPath, trigger)
+	go func() {
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		for {
+			select {
+			case <-bg.Done():
+				return
+			case <-hup:
+				trigger()
+			case <-reloadNow:
+				srv.Reload(cfg.ShardmapPath) //nolint:errcheck // Reload logs and counts its result
+			}
+		}
+	}()
+	go func() {
+		for {
+			upkeep(bg, cfg, srv.Topology().Map, srv.Topology().Pool, logWriter{log}) //nolint:errcheck // logged per shard; retried next round
+			select {
+			case <-bg.Done():
+				return
+			case <-time.After(upkeepInterval):
+			}
+		}
+	}()
+
+	hs := &http.Server{
+		Handler:           srv,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       15 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       90 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	log.Info("serving", "addr", ln.Addr().String(), "shardmap_version", m.Version, "shards", len(m.Shards))
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+
+	select {
+	case err := <-errc:
+		srv.Topology().Close()
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: no new connections; finishing in-flight requests")
+	stopBG()
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	err = hs.Shutdown(sctx)
+	srv.Topology().Close()
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// watchMap calls changed whenever the map file's size or modification time changes. Polling
+// needs no extra dependency and also sees a file replaced by a rename (as editors and
+// Kubernetes ConfigMap updates do).
+func watchMap(ctx context.Context, path string, changed func()) {
+	stamp := func() string {
+		fi, err := os.Stat(path)
+		if err != nil {
+			return ""
+		}
+		return fmt.Sprint(fi.Size(), fi.ModTime().UnixNano())
+	}
+	last := stamp()
+	t := time.NewTicker(mapPollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if s := stamp(); s != last && s != "" {
+				last = s
+				changed()
+			}
+		}
+	}
+}
+
+// logWriter turns upkeep's per-shard report lines into log records.
+type logWriter struct{ log *slog.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.log.Info("partition upkeep", "report", string(trimNewline(p)))
+	return len(p), nil
+}
+
+func trimNewline(p []byte) []byte {
+	if n := len(p); n > 0 && p[n-1] == '\n' {
+		return p[:n-1]
+	}
+	return p
+}
+
+var _ io.Writer = logWriter{}

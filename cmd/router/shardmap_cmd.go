@@ -1,0 +1,122 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/shardgate/shardgate/shardmap"
+)
+
+// Exit statuses of runShardmap. A problem found (1) is kept apart from a
+// usage error (2) so scripts can tell "the map is bad" from "I called it
+// wrong".
+const (
+	exitOK      = 0
+	exitProblem = 1
+	exitUsage   = 2
+)
+
+const shardmapUsage = `usage:
+  router shardmap check FILE          validate a shard map and report every problem
+  router shardmap route FILE ACCOUNT  show the keyspace id, range and shard of ACCOUNT
+  router shardmap diff OLD NEW        show what replacing map OLD by NEW changes`
+
+// runShardmap implements `router shardmap check FILE`, `router shardmap
+// route FILE ACCOUNT` and `router shardmap diff OLD NEW`; args are the
+// arguments after "shardmap". It returns the process exit status: 0 on
+// success, 1 for a problem found (an invalid or unreadable map, or a diff
+// whose new version does not increase) and 2 for a usage error. Results go
+// to stdout, errors to stderr.
+func runShardmap(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		return usageError(stderr, "missing subcommand")
+	}
+	sub, rest := args[0], args[1:]
+	want := map[string]int{"check": 1, "route": 2, "diff": 2}
+	switch n, known := want[sub]; {
+	case sub == "help" || sub == "-h" || sub == "--help":
+		fmt.Fprintln(stdout, shardmapUsage)
+		return exitOK
+	case !known:
+		return usageError(stderr, fmt.Sprintf("unknown subcommand %q", sub))
+	case len(rest) != n:
+		return usageError(stderr, fmt.Sprintf("%s takes %d arguments, got %d", sub, n, len(rest)))
+	}
+	switch sub {
+	case "check":
+		return shardmapCheck(rest[0], stdout, stderr)
+	case "route":
+		return shardmapRoute(rest[0], rest[1], stdout, stderr)
+	default:
+		return shardmapDiff(rest[0], rest[1], stdout, stderr)
+	}
+}
+
+func usageError(stderr io.Writer, reason string) int {
+	fmt.Fprintf(stderr, "router shardmap: %s\n%s\n", reason, shardmapUsage)
+	return exitUsage
+}
+
+func shardmapCheck(path string, stdout, stderr io.Writer) int {
+	m, ok := loadShardmap("check", path, stderr)
+	if !ok {
+		return exitProblem
+	}
+	shards := "shards"
+	if len(m.Shards) == 1 {
+		shards = "shard"
+	}
+	fmt.Fprintf(stdout, "ok: version %d, %d %s, keyspace fully covered\n", m.Version, len(m.Shards), shards)
+	return exitOK
+}
+
+func shardmapRoute(path, account string, stdout, stderr io.Writer) int {
+	// The account is checked before the map is read: calling it wrong is a
+	// usage error whatever the state of the map.
+	acct, err := strconv.ParseInt(account, 10, 64)
+	if err != nil {
+		return usageError(stderr, fmt.Sprintf("ACCOUNT must be a decimal 64-bit integer, got %q", account))
+	}
+	m, ok := loadShardmap("route", path, stderr)
+	if !ok {
+		return exitProblem
+	}
+	fmt.Fprintln(stdout, m.Route(acct))
+	return exitOK
+}
+
+func shardmapDiff(oldPath, newPath string, stdout, stderr io.Writer) int {
+	// Both maps are loaded before giving up so that one run shows the
+	// problems of both files.
+	prev, okOld := loadShardmap("diff", oldPath, stderr)
+	next, okNew := loadShardmap("diff", newPath, stderr)
+	if !okOld || !okNew {
+		return exitProblem
+	}
+	d := shardmap.Compare(prev, next)
+	fmt.Fprintln(stdout, d)
+	if !d.VersionIncreases() {
+		fmt.Fprintf(stderr, "router shardmap diff: version of %s (%d) does not increase over %s (%d)\n", newPath, d.NewVersion, oldPath, d.OldVersion)
+		return exitProblem
+	}
+	return exitOK
+}
+
+// loadShardmap loads path, printing every validation problem, or the read
+// error, to stderr followed by a one-line summary.
+func loadShardmap(sub, path string, stderr io.Writer) (*shardmap.Map, bool) {
+	m, err := shardmap.Load(path)
+	if err == nil {
+		return m, true
+	}
+	var verr *shardmap.ValidationError
+	if errors.As(err, &verr) {
+		fmt.Fprintln(stderr, verr)
+		fmt.Fprintf(stderr, "router shardmap %s: %s is invalid: %d problem(s)\n", sub, path, len(verr.Problems))
+	} else {
+		fmt.Fprintf(stderr, "router shardmap %s: %v\n", sub, err)
+	}
+	return nil, false
+}

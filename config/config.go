@@ -1,0 +1,255 @@
+// Package config loads router.yaml: strict decoding (unknown keys are errors), defaults in one
+// place, and validation that refuses a configuration that would be unsafe to run.
+package config
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/shardgate/shardgate/idem"
+)
+
+// Config is a validated router.yaml. Only Parse and Load make one; defaults live in Parse.
+type Config struct {
+	Listen       string
+	ShardmapPath string // absolute, or relative to the working directory if router.yaml was
+	Idempotency  Idempotency
+	Auth         Auth
+	Transfers    Transfers
+	ShardPool    ShardPool
+}
+
+// Idempotency is how long keys live and how their table is partitioned.
+type Idempotency struct {
+	Retention            time.Duration // keys are kept at least this long
+	PartitionInterval    idem.Interval
+	PartitionsAhead      int           // future partitions kept ready by upkeep
+	ReplayWindow         time.Duration // the slowest retry path operated; Retention >= 2x this
+	InProgressRetryAfter time.Duration // Retry-After on 409
+}
+
+// Auth says how clients are identified. Mode "none" serves one client named "anonymous".
+type Auth struct {
+	Mode    string // "tokens" or "none"
+	Clients []Client
+}
+
+// AnonymousClient names the single client of auth mode "none".
+const AnonymousClient = "anonymous"
+
+// Client is one API client: its name becomes part of every idempotency scope it uses.
+type Client struct {
+	Name        string
+	TokenSHA256 [32]byte // SHA-256 of the bearer token; the token itself is never configured
+}
+
+// Transfers holds request rules for POST /transfers.
+type Transfers struct {
+	DefaultCurrency string
+	MaxBodyBytes    int64
+}
+
+// ShardPool is how the router talks to each shard.
+type ShardPool struct {
+	MaxConns       int32
+	ConnectTimeout time.Duration
+	RequestTimeout time.Duration // deadline for one transfer's round trip on its shard
+	RetryAfter     time.Duration // Retry-After on 503
+}
+
+// file mirrors router.yaml. Pointers tell "absent" from "zero" so defaults apply only to absent keys.
+type file struct {
+	Listen      *string `yaml:"listen"`
+	Shardmap    *string `yaml:"shardmap"`
+	Idempotency struct {
+		Retention            *duration `yaml:"retention"`
+		PartitionInterval    *string   `yaml:"partition_interval"`
+		PartitionsAhead      *int      `yaml:"partitions_ahead"`
+		ReplayWindow         *duration `yaml:"replay_window"`
+		InProgressRetryAfter *duration `yaml:"in_progress_retry_after"`
+	} `yaml:"idempotency"`
+	Auth struct {
+		Mode    *string `yaml:"mode"`
+		Clients []struct {
+			Name        string `yaml:"name"`
+			TokenSHA256 string `yaml:"token_sha256"`
+		} `yaml:"clients"`
+	} `yaml:"auth"`
+	Transfers struct {
+		DefaultCurrency *string `yaml:"default_currency"`
+		MaxBodyBytes    *int64  `yaml:"max_body_bytes"`
+	} `yaml:"transfers"`
+	ShardPool struct {
+		MaxConns       *int32    `yaml:"max_conns"`
+		ConnectTimeout *duration `yaml:"connect_timeout"`
+		RequestTimeout *duration `yaml:"request_timeout"`
+		RetryAfter     *duration `yaml:"retry_after"`
+	} `yaml:"shard_pool"`
+}
+
+type duration struct{ time.Duration }
+
+func (d *duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration (use e.g. 720h, 1s, 500ms)", n.Line, n.Value)
+	}
+	d.Duration = v
+	return nil
+}
+
+// Load reads and validates router.yaml at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, data)
+}
+
+var (
+	clientName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+	currency   = regexp.MustCompile(`^[A-Z]{3}$`)
+)
+
+// Parse decodes and validates router.yaml content; path names the file in errors and anchors a
+// relative shardmap path. Every problem found is reported, one per line.
+func Parse(path string, data []byte) (*Config, error) {
+	var f file
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+
+	c := &Config{
+		Listen:       deref(f.Listen, "127.0.0.1:8080"),
+		ShardmapPath: deref(f.Shardmap, "shardmap.yaml"),
+		Idempotency: Idempotency{
+			Retention:            durOr(f.Idempotency.Retention, 720*time.Hour),
+			PartitionsAhead:      deref(f.Idempotency.PartitionsAhead, 3),
+			ReplayWindow:         durOr(f.Idempotency.ReplayWindow, 168*time.Hour),
+			InProgressRetryAfter: durOr(f.Idempotency.InProgressRetryAfter, time.Second),
+		},
+		Auth: Auth{Mode: deref(f.Auth.Mode, "tokens")},
+		Transfers: Transfers{
+			DefaultCurrency: deref(f.Transfers.DefaultCurrency, "EUR"),
+			MaxBodyBytes:    deref(f.Transfers.MaxBodyBytes, 16<<10),
+		},
+		ShardPool: ShardPool{
+			MaxConns:       deref(f.ShardPool.MaxConns, 16),
+			ConnectTimeout: durOr(f.ShardPool.ConnectTimeout, 2*time.Second),
+			RequestTimeout: durOr(f.ShardPool.RequestTimeout, 5*time.Second),
+			RetryAfter:     durOr(f.ShardPool.RetryAfter, time.Second),
+		},
+	}
+	if c.Listen == "" {
+		bad("listen: must be host:port, e.g. 127.0.0.1:8080")
+	}
+	if c.ShardmapPath == "" {
+		bad("shardmap: must name the shard map file")
+	} else if !filepath.IsAbs(c.ShardmapPath) {
+		c.ShardmapPath = filepath.Join(filepath.Dir(path), c.ShardmapPath)
+	}
+
+	switch iv := deref(f.Idempotency.PartitionInterval, "24h"); iv {
+	case "24h", "daily":
+		c.Idempotency.PartitionInterval = idem.Daily
+	case "monthly":
+		c.Idempotency.PartitionInterval = idem.Monthly
+	default:
+		bad("idempotency.partition_interval: %q is not supported; use 24h (daily partitions idempotency_record_YYYY_MM_DD) or monthly (idempotency_record_YYYY_MM)", iv)
+	}
+	idm := c.Idempotency
+	if idm.ReplayWindow <= 0 {
+		bad("idempotency.replay_window: must be positive: the longest time after which any client or queue may still retry")
+	}
+	if idm.Retention < 2*idm.ReplayWindow {
+		bad("idempotency.retention: %s is less than twice replay_window (%s): a late retry could find its key expired and apply the transfer again; set retention to at least %s",
+			idm.Retention, idm.ReplayWindow, 2*idm.ReplayWindow)
+	}
+	if idm.PartitionsAhead < 1 || idm.PartitionsAhead > 366 {
+		bad("idempotency.partitions_ahead: %d must be between 1 and 366", idm.PartitionsAhead)
+	}
+	if idm.InProgressRetryAfter < time.Second {
+		bad("idempotency.in_progress_retry_after: %s is below 1s, the smallest Retry-After HTTP can express", idm.InProgressRetryAfter)
+	}
+
+	switch c.Auth.Mode {
+	case "none":
+		if len(f.Auth.Clients) > 0 {
+			bad("auth.clients: given with mode none; remove them or set mode: tokens")
+		}
+	case "tokens":
+		if len(f.Auth.Clients) == 0 {
+			bad("auth.clients: mode tokens needs at least one client (name, token_sha256)")
+		}
+		seen := map[string]bool{}
+		for i, cl := range f.Auth.Clients {
+			if !clientName.MatchString(cl.Name) {
+				bad("auth.clients[%d].name: %q must be 1-63 of a-z 0-9 . _ - (it becomes part of idempotency scopes)", i, cl.Name)
+			}
+			if seen[cl.Name] {
+				bad("auth.clients[%d].name: %q is listed twice", i, cl.Name)
+			}
+			seen[cl.Name] = true
+			sum, err := hex.DecodeString(cl.TokenSHA256)
+			if err != nil || len(sum) != 32 {
+				bad("auth.clients[%d].token_sha256: must be 64 hex digits, the SHA-256 of the token (printf %%s \"$TOKEN\" | sha256sum)", i)
+				continue
+			}
+			c.Auth.Clients = append(c.Auth.Clients, Client{Name: cl.Name, TokenSHA256: [32]byte(sum)})
+		}
+	default:
+		bad("auth.mode: %q must be tokens or none", c.Auth.Mode)
+	}
+
+	if !currency.MatchString(c.Transfers.DefaultCurrency) {
+		bad("transfers.default_currency: %q must be an ISO 4217 code such as EUR", c.Transfers.DefaultCurrency)
+	}
+	if c.Transfers.MaxBodyBytes < 256 || c.Transfers.MaxBodyBytes > 1<<20 {
+		bad("transfers.max_body_bytes: %d must be between 256 and 1048576", c.Transfers.MaxBodyBytes)
+	}
+	sp := c.ShardPool
+	if sp.MaxConns < 1 || sp.MaxConns > 1000 {
+		bad("shard_pool.max_conns: %d must be between 1 and 1000", sp.MaxConns)
+	}
+	if sp.ConnectTimeout <= 0 || sp.RequestTimeout <= 0 {
+		bad("shard_pool: connect_timeout and request_timeout must be positive")
+	}
+	if sp.RetryAfter < time.Second {
+		bad("shard_pool.retry_after: %s is below 1s, the smallest Retry-After HTTP can express", sp.RetryAfter)
+	}
+
+	if len(problems) > 0 {
+		return nil, fmt.Errorf("%s: invalid configuration:\n  %s", path, strings.Join(problems, "\n  "))
+	}
+	return c, nil
+}
+
+func deref[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+func durOr(d *duration, def time.Duration) time.Duration {
+	if d == nil {
+		return def
+	}
+	return d.Duration
+}

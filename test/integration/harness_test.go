@@ -1,0 +1,270 @@
+// Package integration runs shardgate against several real PostgreSQL shards started by the test
+// binary itself, with the router in-process behind an httptest server.
+package integration
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardgate/shardgate/config"
+	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/localpg"
+	"github.com/shardgate/shardgate/router"
+	"github.com/shardgate/shardgate/shardmap"
+)
+
+// numShards is how many PostgreSQL shards the suite runs against.
+const numShards = 2
+
+// env is the suite's shared fixture, built once in TestMain.
+var env struct {
+	dir     string
+	servers []*localpg.Server
+	mapPath string
+	m       *shardmap.Map
+	pools   map[string]*pgxpool.Pool // direct connections for assertions
+	cfg     *config.Config
+	srv     *router.Server
+	url     string
+}
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code, err := setup(m)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "integration setup: %v\n", err)
+		os.Exit(1)
+	}
+	os.Exit(code)
+}
+
+func setup(m *testing.M) (int, error) {
+	if _, err := localpg.BinDir(); err != nil {
+		if os.Getenv("CI") != "" {
+			return 0, fmt.Errorf("CI is set and PostgreSQL server binaries are missing: %w", err)
+		}
+		fmt.Fprintf(os.Stderr, "SKIP integration tests: %v\n", err)
+		return 0, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "shardgate-it-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	env.dir = dir
+	env.servers, err = localpg.StartCluster(ctx, numShards, localpg.Options{Dir: filepath.Join(dir, "pg")})
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		for _, s := range env.servers {
+			s.Close()
+		}
+	}()
+
+	env.mapPath = filepath.Join(dir, "shardmap.yaml")
+	if err := writeMap(env.mapPath, 1, []string{"-80", "80-"}); err != nil {
+		return 0, err
+	}
+	cfgPath := filepath.Join(dir, "router.yaml")
+	if err := os.WriteFile(cfgPath, []byte(routerYAML), 0o600); err != nil {
+		return 0, err
+	}
+	if env.cfg, err = config.Load(cfgPath); err != nil {
+		return 0, err
+	}
+	if env.m, err = shardmap.Load(env.mapPath); err != nil {
+		return 0, err
+	}
+	topo, err := router.OpenTopology(env.m, nil, env.cfg.ShardPool)
+	if err != nil {
+		return 0, err
+	}
+	env.pools = map[string]*pgxpool.Pool{}
+	for _, s := range env.m.Shards {
+		if env.pools[s.Name], err = pgxpool.New(ctx, s.DSN); err != nil {
+			return 0, err
+		}
+		defer env.pools[s.Name].Close()
+		if _, err := idem.Migrate(ctx, env.pools[s.Name]); err != nil {
+			return 0, err
+		}
+		if _, err := idem.EnsurePartitions(ctx, env.pools[s.Name], idem.Daily, time.Now(), 2); err != nil {
+			return 0, err
+		}
+	}
+	if err := idem.ApplyMap(ctx, env.m, func(s string) *pgxpool.Pool { return env.pools[s] }); err != nil {
+		return 0, err
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	env.srv = router.New(env.cfg, topo, log, prometheus.NewRegistry())
+	hs := httptest.NewServer(env.srv)
+	defer hs.Close()
+	defer func() { env.srv.Topology().Close() }()
+	env.url = hs.URL
+	return m.Run(), nil
+}
+
+// Two clients, so scoping can be tested: tokens "token-a" and "token-b".
+const routerYAML = `listen: 127.0.0.1:0
+shardmap: shardmap.yaml
+idempotency:
+  retention: 720h
+  partition_interval: 24h
+  replay_window: 168h
+  in_progress_retry_after: 1s
+auth:
+  mode: tokens
+  clients:
+    - name: client-a
+      token_sha256: a70bf50e531ce1a817561f2f5d5b6645d4e806becf58ccc5e8cf6b8045a090a8
+    - name: client-b
+      token_sha256: 49e2bb7eab54cf09b409ffafd3fa8a8a955a60eb972faacaefbed3dbd3207132
+shard_pool:
+  max_conns: 20
+  connect_timeout: 5s
+  request_timeout: 10s
+  retry_after: 2s
+`
+
+func writeMap(path string, version int, ranges []string) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "version: %d\nshards:\n", version)
+	for i, s := range env.servers {
+		fmt.Fprintf(&b, "  - name: shard-%d\n    dsn: %s\n    ranges: [%q]\n", i, s.DSN(), ranges[i])
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o600)
+}
+
+// newKey returns a fresh idempotency key.
+func newKey() string {
+	return rand.Text()
+}
+
+// reply is an HTTP response with its body read.
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r reply) problemType() string {
+	var p struct {
+		Type string `json:"type"`
+	}
+	json.Unmarshal(r.body, &p) //nolint:errcheck // an empty type fails the caller's assertion
+	return strings.TrimPrefix(p.Type, router.ProblemBase)
+}
+
+// do sends one request as client-a unless headers say otherwise.
+func do(t testing.TB, method, path string, headers map[string]string, body string) reply {
+	t.Helper()
+	req, err := http.NewRequest(method, env.url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer token-a")
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range headers {
+		if v == "" {
+			req.Header.Del(k)
+		} else {
+			req.Header.Set(k, v)
+		}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reply{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+// post sends POST /transfers with key as client-a.
+func post(t testing.TB, key, body string) reply {
+	t.Helper()
+	return do(t, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": key}, body)
+}
+
+func transferBody(src, dst, amount int64) string {
+	return fmt.Sprintf(`{"src": %d, "dst": %d, "amount": %d}`, src, dst, amount)
+}
+
+// shardOf names the shard the test map assigns to account.
+func shardOf(account int64) string {
+	return env.m.Route(account).Shard
+}
+
+// ledgerRows counts transfer_out rows of transfer id on shard.
+func ledgerRows(t testing.TB, shard, transferID string) int {
+	t.Helper()
+	var n int
+	if err := env.pools[shard].QueryRow(context.Background(),
+		"SELECT count(*) FROM ledger_entries WHERE transfer_id = $1 AND kind = 'transfer_out'", transferID).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// records counts idempotency records of key (any scope) on shard, and how many are completed.
+func records(t testing.TB, shard, key string) (all, completed int) {
+	t.Helper()
+	if err := env.pools[shard].QueryRow(context.Background(),
+		"SELECT count(*), count(*) FILTER (WHERE state = 'completed') FROM idempotency_record WHERE key = $1", key).Scan(&all, &completed); err != nil {
+		t.Fatal(err)
+	}
+	return all, completed
+}
+
+// totals counts all ledger rows and idempotency records on every shard.
+func totals(t testing.TB) (ledger, recs int) {
+	t.Helper()
+	for _, p := range env.pools {
+		var l, r int
+		if err := p.QueryRow(context.Background(),
+			"SELECT (SELECT count(*) FROM ledger_entries), (SELECT count(*) FROM idempotency_record)").Scan(&l, &r); err != nil {
+			t.Fatal(err)
+		}
+		ledger += l
+		recs += r
+	}
+	return ledger, recs
+}
+
+// transferID is the id the router gives a transfer of client-a with this key and source.
+func transferID(src int64, key string) string {
+	return router.TransferID(shardmap.KeyspaceID(src), "client-a:transfer", key)
+}
+
+// accountOn returns an account, at or above from, that shard owns.
+func accountOn(shard string, from int64) int64 {
+	for a := from; ; a++ {
+		if shardOf(a) == shard {
+			return a
+		}
+	}
+}
