@@ -113,7 +113,8 @@ func (c *checker) add(line int, msg, hint string) {
 	c.problems = append(c.problems, Problem{Line: line, Msg: msg, Hint: hint})
 }
 
-// placedRange is a parsed range with what validation needs to explain it.
+// placedRange is a parsed range with its owner and source line: an entry
+// of the lookup index, and what validation needs to explain an overlap.
 type placedRange struct {
 	r     KeyRange
 	shard int // index in Map.Shards
