@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -18,75 +20,114 @@ var ErrOlderMap = errors.New("shard already follows a newer shard map")
 type Ownership struct {
 	Shard      string
 	MapVersion int64
-	Ranges     []shardmap.KeyRange
+	Ranges     []shardmap.KeyRange // active: transfers in them are applied here
+	Moving     []shardmap.KeyRange // revoked, rows not yet handed to their new owner
 }
 
 // ReadOwnership returns what the shard behind pool believes it owns. A shard that was never
 // given ownership returns MapVersion 0 and no ranges.
 func ReadOwnership(ctx context.Context, pool *pgxpool.Pool) (Ownership, error) {
 	var o Ownership
-	err := pool.QueryRow(ctx, "SELECT shard_name, map_version FROM shardgate_shard").Scan(&o.Shard, &o.MapVersion)
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		o, err = readOwnership(ctx, tx)
+		return err
+	})
+	return o, err
+}
+
+func readOwnership(ctx context.Context, tx pgx.Tx) (Ownership, error) {
+	var o Ownership
+	err := tx.QueryRow(ctx, "SELECT shard_name, map_version FROM shardgate_shard").Scan(&o.Shard, &o.MapVersion)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return o, err
 	}
-	o.Ranges, err = ownedRanges(ctx, pool)
-	return o, nil
+	rows, err := tx.Query(ctx, "SELECT key_range, active FROM shardgate_owned_range ORDER BY lo")
+	if err != nil {
+		return o, err
+	}
+	var (
+		spec   string
+		active bool
+	)
+	_, err = pgx.ForEachRow(rows, []any{&spec, &active}, func() error {
+		r, err := shardmap.ParseKeyRange(spec)
+		if err != nil {
+			return fmt.Errorf("shardgate_owned_range holds %q: %w", spec, err)
+		}
+		if active {
+			o.Ranges = append(o.Ranges, r)
+		} else {
+			o.Moving = append(o.Moving, r)
+		}
+		return nil
+	})
+	return o, err
 }
 
-// Phase is one half of moving ownership to a new shard map: every shard revokes before any
-// shard grants, so no key range is ever owned by two shards at once.
+// Phase is one step of moving ownership to a new shard map. ApplyMap runs each on every shard
+// before the next, so no key range is ever owned by two shards at once.
 type Phase int
 
 // The phases of ApplyMap, in order.
 const (
-	Revoke Phase = iota + 1 // keep only the new ranges already owned: ownership shrinks
-	Grant                   // own exactly the new ranges
+	// Revoke keeps active only the new ranges the shard already owns; every other range it owned
+	// stays listed as moving, so its rows can still be found and copied.
+	Revoke Phase = iota + 1
+	// Grant makes the shard own exactly the new ranges.
+	Grant
+	// Settle forgets moving ranges once their rows have been copied to their new owners.
+	Settle
 )
 
-// ApplyOwnership records on the shard behind pool what it owns under shard map o.MapVersion.
-// In the Revoke phase the shard keeps only those of o.Ranges it already owns; in the Grant phase
-// it owns exactly o.Ranges. It waits for transfers already past their ownership check (they hold
-// the ownership lock shared), so once it returns no transfer outside the new ranges can commit
-// there. A version lower than the shard's is refused with ErrOlderMap; the same version is
-// accepted, so an interrupted apply can be run again.
+// ApplyOwnership runs one phase of applying o (Shard, MapVersion, Ranges) on the shard behind
+// pool. It takes the ownership lock exclusively, so it waits for transfers already past their
+// ownership check (they hold it shared): once it returns, no transfer outside the new active
+// ranges can commit there. A version lower than the shard's is refused with ErrOlderMap; the
+// same version is accepted, so an interrupted apply can simply be run again.
 func ApplyOwnership(ctx context.Context, pool *pgxpool.Pool, o Ownership, phase Phase) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", lockClass, lockOwnership); err != nil {
 			return err
 		}
-		var current int64
-		err := tx.QueryRow(ctx, "SELECT map_version FROM shardgate_shard").Scan(&current)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		cur, err := readOwnership(ctx, tx)
+		if err != nil {
 			return err
 		}
-		if current > o.MapVersion {
-			return fmt.Errorf("%w: shard %s is at version %d, refusing version %d", ErrOlderMap, o.Shard, current, o.MapVersion)
+		if cur.MapVersion > o.MapVersion {
+			return fmt.Errorf("%w: shard %s is at version %d, refusing version %d", ErrOlderMap, o.Shard, cur.MapVersion, o.MapVersion)
 		}
-		ranges := o.Ranges
-		if phase == Revoke {
-			owned, err := ownedRanges(ctx, tx)
-			if err != nil {
-				return err
-			}
-			ranges = nil
+		active, moving := o.Ranges, cur.Moving
+		switch phase {
+		case Revoke:
+			active = nil
 			for _, r := range o.Ranges {
-				if covers(owned, r) {
-					ranges = append(ranges, r)
+				if covers(cur.Ranges, r) {
+					active = append(active, r)
 				}
 			}
+			for _, r := range cur.Ranges {
+				if !containsRange(active, r) {
+					moving = append(moving, r)
+				}
+			}
+		case Settle:
+			moving = nil
 		}
 		if _, err := tx.Exec(ctx, "DELETE FROM shardgate_owned_range"); err != nil {
 			return err
 		}
-		for _, r := range ranges {
-			var hi *int64
-			if end, bounded := r.Hi(); bounded {
-				v := signedKeyspace(end)
-				hi = &v
-			}
-			if _, err := tx.Exec(ctx, "INSERT INTO shardgate_owned_range (key_range, lo, hi) VALUES ($1, $2, $3)",
-				r.String(), signedKeyspace(r.Lo()), hi); err != nil {
-				return err
+		for _, set := range []struct {
+			ranges []shardmap.KeyRange
+			active bool
+		}{{active, true}, {moving, false}} {
+			for _, r := range set.ranges {
+				lo, hi := bounds(r)
+				if _, err := tx.Exec(ctx, `INSERT INTO shardgate_owned_range (key_range, lo, hi, active) VALUES ($1, $2, $3, $4)
+					ON CONFLICT (key_range) DO UPDATE SET active = shardgate_owned_range.active OR EXCLUDED.active`,
+					r.String(), lo, hi, set.active); err != nil {
+					return err
+				}
 			}
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO shardgate_shard (shard_name, map_version) VALUES ($1, $2)
@@ -96,29 +137,25 @@ func ApplyOwnership(ctx context.Context, pool *pgxpool.Pool, o Ownership, phase 
 	})
 }
 
-func ownedRanges(ctx context.Context, q interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}) ([]shardmap.KeyRange, error) {
-	rows, err := q.Query(ctx, "SELECT key_range FROM shardgate_owned_range ORDER BY lo")
-	if err != nil {
-		return nil, err
+// bounds returns r's bounds as stored: sign-flipped, hi nil when r runs to the end.
+func bounds(r shardmap.KeyRange) (lo int64, hi *int64) {
+	if end, bounded := r.Hi(); bounded {
+		v := signedKeyspace(end)
+		hi = &v
 	}
-	specs, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, err
-	}
-	out := make([]shardmap.KeyRange, 0, len(specs))
-	for _, s := range specs {
-		r, err := shardmap.ParseKeyRange(s)
-		if err != nil {
-			return nil, fmt.Errorf("shardgate_owned_range holds %q: %w", s, err)
-		}
-		out = append(out, r)
-	}
-	return out, nil
+	return signedKeyspace(r.Lo()), hi
 }
 
-// covers reports whether the union of set (sorted by Lo, as ownedRanges returns it) contains r.
+func containsRange(set []shardmap.KeyRange, r shardmap.KeyRange) bool {
+	for _, s := range set {
+		if s == r {
+			return true
+		}
+	}
+	return false
+}
+
+// covers reports whether the union of set (sorted by Lo) contains r.
 func covers(set []shardmap.KeyRange, r shardmap.KeyRange) bool {
 	next := r.Lo() // first keyspace id of r not yet known to be covered
 	rEnd, rBounded := r.Hi()
@@ -140,19 +177,150 @@ func covers(set []shardmap.KeyRange, r shardmap.KeyRange) bool {
 	return false
 }
 
-// ApplyMap makes every shard of m own exactly its ranges under m.Version: first every shard
-// revokes, then every shard grants. pools must hold a pool for each shard of m. If any shard
-// fails in the revoke phase nothing is granted, so a range is at worst briefly owned by nobody
-// (its transfers get a retryable 503), never by two shards. Running it again resumes.
-func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpool.Pool) error {
+// MoveReport says what ApplyMap copied from one shard to another.
+type MoveReport struct {
+	From, To        string
+	Range           shardmap.KeyRange // the moving range on From (may be wider than what To gets)
+	Records, Ledger int64             // rows inserted on To
+}
+
+// ApplyMap makes the shards of m own exactly their ranges under m.Version, moving the rows of
+// every key range that changes owner: (1) every shard revokes what it loses, so those ranges
+// are owned by nobody and their transfers get a retryable 503; (2) the idempotency records and
+// ledger rows of each revoked range are copied to the shards that now own it, so a retry there
+// replays instead of applying again; (3) every shard grants its new ranges; (4) every shard
+// forgets its moving ranges. If any step fails nothing later runs; running ApplyMap again
+// resumes. pool must return a pool for every shard of m; iv is the partition interval, used to
+// create partitions for copied records.
+//
+// A shard missing from m is not touched: remove a shard only after a map without its ranges
+// has been applied.
+func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpool.Pool, iv Interval) ([]MoveReport, error) {
 	owned := m.Ownership()
-	for _, phase := range []Phase{Revoke, Grant} {
+	apply := func(phase Phase) error {
 		for _, s := range m.Shards {
 			o := Ownership{Shard: s.Name, MapVersion: m.Version, Ranges: owned[s.Name]}
 			if err := ApplyOwnership(ctx, pool(s.Name), o, phase); err != nil {
 				return fmt.Errorf("shard %s: apply ownership of map version %d: %w", s.Name, m.Version, err)
 			}
 		}
+		return nil
 	}
-	return nil
+	if err := apply(Revoke); err != nil {
+		return nil, err
+	}
+	var moves []MoveReport
+	for _, from := range m.Shards {
+		o, err := ReadOwnership(ctx, pool(from.Name))
+		if err != nil {
+			return moves, fmt.Errorf("shard %s: %w", from.Name, err)
+		}
+		for _, r := range o.Moving {
+			for _, to := range m.Shards {
+				if to.Name == from.Name {
+					continue
+				}
+				for _, q := range owned[to.Name] {
+					lo, hi, ok := intersect(r, q)
+					if !ok {
+						continue
+					}
+					mv := MoveReport{From: from.Name, To: to.Name, Range: r}
+					if err := copyRange(ctx, pool(from.Name), pool(to.Name), lo, hi, iv, &mv); err != nil {
+						return moves, fmt.Errorf("copy %s from %s to %s: %w", r, from.Name, to.Name, err)
+					}
+					moves = append(moves, mv)
+				}
+			}
+		}
+	}
+	if err := apply(Grant); err != nil {
+		return moves, err
+	}
+	return moves, apply(Settle)
+}
+
+// intersect returns the stored (sign-flipped) bounds of a ∩ b; hi nil means to the end.
+func intersect(a, b shardmap.KeyRange) (lo int64, hi *int64, ok bool) {
+	alo, ahi := bounds(a)
+	blo, bhi := bounds(b)
+	lo = max(alo, blo)
+	switch {
+	case ahi == nil:
+		hi = bhi
+	case bhi == nil:
+		hi = ahi
+	default:
+		v := min(*ahi, *bhi)
+		hi = &v
+	}
+	return lo, hi, hi == nil || lo < *hi
+}
+
+// copyRange copies the idempotency records and ledger rows whose keyspace id is in [lo, hi)
+// from src to dst, skipping rows dst already has, so it can run again after an interruption.
+// It runs while nobody owns the range, so no transfer writes those keys meanwhile.
+func copyRange(ctx context.Context, src, dst *pgxpool.Pool, lo int64, hi *int64, iv Interval, mv *MoveReport) error {
+	const inRange = "keyspace_id >= $1 AND ($2::bigint IS NULL OR keyspace_id < $2)"
+	var oldest, newest *time.Time
+	if err := src.QueryRow(ctx, "SELECT min(created_at), max(created_at) FROM idempotency_record WHERE "+inRange, lo, hi).Scan(&oldest, &newest); err != nil {
+		return err
+	}
+	if oldest != nil {
+		n := 0
+		for p := PartitionAt(iv, *oldest); p.To.Before(*newest) || p.To.Equal(*newest); p = PartitionAt(iv, p.To) {
+			n++
+		}
+		if _, err := EnsurePartitions(ctx, dst, iv, *oldest, n); err != nil {
+			return fmt.Errorf("partitions for copied records: %w", err)
+		}
+	}
+	return pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
+		steps := []struct {
+			table, cols, insert string
+			count               *int64
+		}{
+			{"idempotency_record", "key, scope, request_hash, keyspace_id, response, state, created_at",
+				`INSERT INTO idempotency_record (%[1]s) SELECT %[1]s FROM moving_rows m
+				 WHERE NOT EXISTS (SELECT 1 FROM idempotency_record r WHERE r.scope = m.scope AND r.key = m.key)`, &mv.Records},
+			{"ledger_entries", "transfer_id, keyspace_id, account_id, counterparty_id, amount, currency, kind, reference, client, created_at",
+				`INSERT INTO ledger_entries (%[1]s) SELECT %[1]s FROM moving_rows ON CONFLICT (transfer_id, kind) DO NOTHING`, &mv.Ledger},
+		}
+		for _, st := range steps {
+			if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE TEMP TABLE moving_rows ON COMMIT DROP AS SELECT %s FROM %s WITH NO DATA", st.cols, st.table)); err != nil {
+				return err
+			}
+			rows, err := src.Query(ctx, fmt.Sprintf("SELECT %s FROM %s WHERE %s", st.cols, st.table, inRange), lo, hi)
+			if err != nil {
+				return err
+			}
+			_, err = tx.CopyFrom(ctx, pgx.Identifier{"moving_rows"}, splitCols(st.cols), pgx.CopyFromFunc(func() ([]any, error) {
+				if !rows.Next() {
+					return nil, rows.Err()
+				}
+				return rows.Values()
+			}))
+			rows.Close()
+			if err != nil {
+				return err
+			}
+			tag, err := tx.Exec(ctx, fmt.Sprintf(st.insert, st.cols))
+			if err != nil {
+				return err
+			}
+			*st.count = tag.RowsAffected()
+			if _, err := tx.Exec(ctx, "DROP TABLE moving_rows"); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func splitCols(cols string) []string {
+	parts := strings.Split(cols, ",")
+	for i := range parts {
+		parts[i] = strings.TrimSpace(parts[i])
+	}
+	return parts
 }

@@ -83,7 +83,7 @@ var managedSettings = []string{"port", "listen_addresses", "unix_socket_director
 var ErrClosed = errors.New("localpg: server is closed")
 
 // ErrNotRunning is returned by Pause and Resume when the server has been
-// stopped or killed and not restarted.
+// stopped or killed and not restarted, or its postmaster died.
 var ErrNotRunning = errors.New("localpg: server is not running")
 
 // errPortInUse marks a start that failed only because the port was taken, so
@@ -134,6 +134,20 @@ type process struct {
 }
 
 func (p *process) pid() int { return p.cmd.Process.Pid }
+
+// running returns the live postmaster, or nil if the server was stopped or
+// killed or its postmaster died on its own.
+func (s *Server) running() *process {
+	if s.proc == nil {
+		return nil
+	}
+	select {
+	case <-s.proc.done:
+		return nil
+	default:
+		return s.proc
+	}
+}
 
 // Start initializes Options.Dir with initdb unless it already holds a data
 // directory, starts postgres on 127.0.0.1:Port with its unix socket in Dir,
@@ -207,10 +221,9 @@ func (s *Server) start(ctx context.Context) error {
 		return err
 	}
 	s.port = s.opts.Port
-	pick := s.opts.Port == 0
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.run(ctx, pick, false); err != nil {
+	if err := s.run(ctx, s.port == 0, false); err != nil {
 		return err
 	}
 	if err := s.createDatabase(ctx); err != nil {
@@ -268,20 +281,25 @@ func (s *Server) initdb(ctx context.Context) error {
 	}
 	switch entries, err := os.ReadDir(s.dataDir); {
 	case errors.Is(err, fs.ErrNotExist):
-		// initdb creates it.
 	case err != nil:
 		return fmt.Errorf("localpg: reading %s: %w", s.dataDir, err)
 	case len(entries) > 0:
 		return fmt.Errorf("localpg: %s is not empty but has no PG_VERSION, so it is not a PostgreSQL data directory: empty it or choose another Options.Dir", s.dataDir)
-	default:
-		if err := s.acct.chown(s.dataDir); err != nil {
-			return err
-		}
 	}
+
+	// initdb builds the cluster beside its final place and it is renamed into
+	// place only when complete: an initdb killed half-way (ctx ended) would
+	// otherwise leave a directory with PG_VERSION that a later Start would
+	// take for a usable cluster. A leftover from such a run is discarded.
+	building := s.dataDir + ".initdb"
+	if err := os.RemoveAll(building); err != nil {
+		return fmt.Errorf("localpg: removing an unfinished initdb: %w", err)
+	}
+	defer os.RemoveAll(building) // a no-op once renamed
 
 	// C locale: fast, present on every machine, and it keeps server messages
 	// in English so that bind failures can be recognized.
-	args := []string{"-D", s.dataDir, "-U", s.opts.User, "--encoding=UTF8", "--locale=C", "--auth-local=trust"}
+	args := []string{"-D", building, "-U", s.opts.User, "--encoding=UTF8", "--locale=C", "--auth-local=trust"}
 	if s.opts.Password != "" {
 		pwfile := filepath.Join(s.dir, ".initdb-password")
 		if err := os.WriteFile(pwfile, []byte(s.opts.Password+"\n"), 0o600); err != nil {
@@ -309,6 +327,10 @@ func (s *Server) initdb(ctx context.Context) error {
 	}
 	if err != nil {
 		return fmt.Errorf("localpg: initdb %s failed: %w; its output ends with:\n%s", s.dataDir, err, lastLines(out.String()))
+	}
+	// rename(2) also replaces an empty directory that the caller created.
+	if err := os.Rename(building, s.dataDir); err != nil {
+		return fmt.Errorf("localpg: moving the new cluster into place: %w", err)
 	}
 	s.logf("initialized %s in %v", s.dataDir, time.Since(start).Round(time.Millisecond))
 	return nil
@@ -410,7 +432,10 @@ func (s *Server) run(ctx context.Context, pick, retryBusy bool) error {
 		}
 		err = s.waitReady(ctx, p, port)
 		if err == nil {
-			s.proc, s.port = p, port
+			s.proc = p
+			if pick {
+				s.port = port // Restart never changes it, so DSN and Port need no lock
+			}
 			s.logf("postgres (pid %d) accepts connections on 127.0.0.1:%d; log: %s", p.pid(), port, s.logPath)
 			return nil
 		}
@@ -613,10 +638,10 @@ func (s *Server) LogPath() string { return s.logPath }
 func (s *Server) PID() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.proc == nil {
-		return 0
+	if p := s.running(); p != nil {
+		return p.pid()
 	}
-	return s.proc.pid()
+	return 0
 }
 
 // Stop shuts the server down the "fast" way (SIGINT: roll back open
@@ -733,15 +758,15 @@ func (s *Server) killLocked() error {
 func (s *Server) Pause() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	p := s.running()
 	switch {
 	case s.closed:
 		return ErrClosed
-	case s.proc == nil:
+	case p == nil:
 		return ErrNotRunning
 	case s.watchdog != nil:
 		return nil
 	}
-	p := s.proc
 	pm := p.pid()
 	// Postmaster first, and wait until it is really stopped, so that no child
 	// forked after the list below is taken escapes the pause.
@@ -781,7 +806,7 @@ func (s *Server) Resume() error {
 	switch {
 	case s.closed:
 		return ErrClosed
-	case s.proc == nil:
+	case s.running() == nil:
 		return ErrNotRunning
 	}
 	return s.resumeLocked()

@@ -80,8 +80,10 @@ func requireBinaries(t *testing.T) {
 	}
 }
 
+// testContext bounds a test generously: the machine may be busy with other
+// test binaries, and initdb alone needs about a CPU-second.
 func testContext(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -209,10 +211,23 @@ func TestStopRestartKeepsDataAndPort(t *testing.T) {
 		t.Errorf("after Restart got %d, want 42", got)
 	}
 
-	// A new Start on the same Dir reuses the data instead of running initdb.
 	if err := s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
+
+	// Start on an explicit port that is taken fails, naming the port.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy := l.Addr().(*net.TCPAddr).Port
+	_, err = Start(ctx, Options{Dir: dir, Port: busy, Logf: t.Logf})
+	l.Close()
+	if !errors.Is(err, errPortInUse) || !strings.Contains(err.Error(), strconv.Itoa(busy)) {
+		t.Errorf("Start on busy port %d = %v, want a port-in-use error naming it", busy, err)
+	}
+
+	// A new Start on the same Dir reuses the data instead of running initdb.
 	s2 := startServer(t, Options{Dir: dir})
 	if got := queryInt(t, ctx, connect(t, ctx, s2.DSN()), "SELECT v FROM kept"); got != 42 {
 		t.Errorf("after Start on the same Dir got %d, want 42", got)
@@ -352,9 +367,12 @@ func TestPassword(t *testing.T) {
 		}
 	}
 
-	// A failing start includes the server log in its error: no password in it.
-	requireBinaries(t)
-	_, err = Start(ctx, Options{Password: password, Settings: map[string]string{"max_connections": "lots"}})
+	// A failing start includes the server log in its error: no password in
+	// it. Reusing the stopped server's data saves an initdb.
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Start(ctx, Options{Dir: s.Dir(), Password: password, Settings: map[string]string{"max_connections": "lots"}})
 	if err == nil || !strings.Contains(err.Error(), "max_connections") {
 		t.Fatalf("Start with a bad setting = %v, want an error quoting the server log", err)
 	}
@@ -432,32 +450,19 @@ func TestCloseRemovesTempDirAndProcesses(t *testing.T) {
 	}
 }
 
-func TestStartOnBusyPortFails(t *testing.T) {
-	t.Parallel()
-	requireBinaries(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	port := l.Addr().(*net.TCPAddr).Port
-	_, err = Start(testContext(t), Options{Port: port, Logf: t.Logf})
-	if !errors.Is(err, errPortInUse) || !strings.Contains(err.Error(), strconv.Itoa(port)) {
-		t.Errorf("Start on busy port %d = %v, want a port-in-use error naming it", port, err)
-	}
-}
-
 // TestParentDeathStopsServer kills a process that started a server and
 // checks that the postmaster and its children go away with it, also while
-// the server is paused.
+// the server is paused. The modes run one after the other on one Dir, which
+// saves an initdb.
 func TestParentDeathStopsServer(t *testing.T) {
 	t.Parallel()
 	requireBinaries(t)
-	for _, mode := range []string{"running", "paused"} {
+	dir := t.TempDir()
+	for i, mode := range []string{"running", "paused"} {
+		runs := i + 1
 		t.Run(mode, func(t *testing.T) {
-			t.Parallel()
 			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), helperModeEnv+"="+mode, helperDirEnv+"="+t.TempDir())
+			cmd.Env = append(os.Environ(), helperModeEnv+"="+mode, helperDirEnv+"="+dir)
 			var stderr strings.Builder
 			cmd.Stderr = &stderr
 			stdout, err := cmd.StdoutPipe()
@@ -499,6 +504,14 @@ func TestParentDeathStopsServer(t *testing.T) {
 			}
 			_ = cmd.Wait()
 			requireExited(t, pids...)
+			// SIGQUIT, the parent-death signal, is an immediate shutdown.
+			log, err := os.ReadFile(filepath.Join(dir, "postgres.log"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := strings.Count(string(log), "received immediate shutdown request"); n != runs {
+				t.Errorf("server log shows %d immediate shutdowns after %d parent deaths:\n%s", n, runs, log)
+			}
 		})
 	}
 }
@@ -600,5 +613,24 @@ func TestCompareVersions(t *testing.T) {
 	want := []string{"/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/13/bin", "/usr/lib/postgresql/9.6/bin"}
 	if !slices.Equal(dirs, want) {
 		t.Errorf("newest first = %v, want %v", dirs, want)
+	}
+}
+
+func TestStartRefusesNonClusterDataDir(t *testing.T) {
+	t.Parallel()
+	requireBinaries(t)
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "data"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "data", "notes.txt"), []byte("mine"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Start(testContext(t), Options{Dir: dir})
+	if err == nil || !strings.Contains(err.Error(), "not a PostgreSQL data directory") {
+		t.Errorf("Start on a data dir holding other files = %v, want a refusal", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data", "notes.txt")); err != nil {
+		t.Errorf("Start touched the foreign file: %v", err)
 	}
 }

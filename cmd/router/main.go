@@ -27,6 +27,7 @@ commands:
   shardmap check FILE                    validate a shard map
   shardmap route FILE ACCOUNT            show which shard owns an account
   shardmap diff OLD NEW                  show what changes between two maps
+  shardmap apply --config router.yaml    make the shards own the map's ranges (revoke, move rows, grant)
   dev [--shards N] [--listen ADDR]       local sandbox: PostgreSQL shards as local processes, migrated, served
 `
 
@@ -49,6 +50,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var err error
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "shardmap":
+		if len(rest) > 0 && rest[0] == "apply" {
+			err = withConfig("shardmap apply", rest[1:], func(cfg *config.Config, m *shardmap.Map, _ *flag.FlagSet) error {
+				topo, err := openTopology(cfg, m)
+				if err != nil {
+					return err
+				}
+				defer topo.Close()
+				return applyMap(ctx, cfg, m, topo.Pool, stdout)
+			})
+			break
+		}
 		return runShardmap(rest, stdout, stderr)
 	case "serve":
 		err = withConfig(cmd, rest, func(cfg *config.Config, m *shardmap.Map, _ *flag.FlagSet) error {

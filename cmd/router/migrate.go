@@ -36,7 +36,17 @@ func migrate(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Wr
 	if err := upkeep(ctx, cfg, m, topo.Pool, out); err != nil {
 		return err
 	}
-	if err := idem.ApplyMap(ctx, m, topo.Pool); err != nil {
+	return applyMap(ctx, cfg, m, topo.Pool, out)
+}
+
+// applyMap makes every shard own its ranges of m, moving the rows of ranges that change owner,
+// and reports the moves.
+func applyMap(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(string) *pgxpool.Pool, out io.Writer) error {
+	moves, err := idem.ApplyMap(ctx, m, pool, cfg.Idempotency.PartitionInterval)
+	for _, mv := range moves {
+		fmt.Fprintf(out, "moved rows of %s from %s to %s: %d idempotency records, %d ledger rows\n", mv.Range, mv.From, mv.To, mv.Records, mv.Ledger)
+	}
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "ownership: %d shards own their ranges at shard map version %d\n", len(m.Shards), m.Version)

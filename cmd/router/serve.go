@@ -60,7 +60,6 @@ func serveOn(ctx context.Context, ln net.Listener, cfg *config.Config, m *shardm
 		default: // a reload is already pending
 		}
 	}
-	srv.OnStaleMap(trigger)
 	bg, stopBG := context.WithCancel(context.Background())
 	defer stopBG()
 	go watchMap(bg, cfg.ShardmapPath, trigger)

@@ -9,6 +9,9 @@ CREATE TABLE ledger_entries (
     -- transfer_id is derived from (scope, key) by the router, so a second application of the same
     -- idempotency key collides here forever, even after its idempotency record has expired.
     transfer_id     text        NOT NULL,
+    -- keyspace id of account_id (sign bit flipped, see shardgate_owned_range): what a key-range
+    -- move selects rows by.
+    keyspace_id     bigint      NOT NULL,
     account_id      bigint      NOT NULL,
     counterparty_id bigint      NOT NULL,
     amount          bigint      NOT NULL CHECK (amount > 0),
@@ -30,6 +33,7 @@ CREATE TABLE idempotency_record (
     key          text        NOT NULL CHECK (length(key) BETWEEN 1 AND 255),
     scope        text        NOT NULL,
     request_hash text        NOT NULL,
+    keyspace_id  bigint      NOT NULL, -- of the source account; moves with its key range
     response     jsonb,
     state        text        NOT NULL CHECK (state IN ('in_progress', 'completed')),
     created_at   timestamptz NOT NULL DEFAULT now(),
@@ -46,10 +50,13 @@ CREATE TABLE shardgate_shard (
     map_version bigint      NOT NULL CHECK (map_version >= 0),
     updated_at  timestamptz NOT NULL DEFAULT now()
 );
+-- active = false marks a range revoked from this shard whose rows have not yet been copied to
+-- its new owner (idem.ApplyMap); transfers only ever use active ranges.
 CREATE TABLE shardgate_owned_range (
-    key_range text   PRIMARY KEY,
-    lo        bigint NOT NULL,
+    key_range text    PRIMARY KEY,
+    lo        bigint  NOT NULL,
     hi        bigint,
+    active    boolean NOT NULL DEFAULT true,
     CHECK (hi IS NULL OR lo < hi)
 );
 
@@ -105,7 +112,7 @@ BEGIN
     -- range is never revoked under a transfer that already checked it.
     PERFORM pg_advisory_xact_lock_shared(21319, 1);
     IF NOT EXISTS (SELECT 1 FROM shardgate_owned_range
-                    WHERE lo <= p_keyspace AND (hi IS NULL OR p_keyspace < hi)) THEN
+                    WHERE active AND lo <= p_keyspace AND (hi IS NULL OR p_keyspace < hi)) THEN
         outcome := 'not_owner';
         SELECT s.map_version INTO shard_map_version FROM shardgate_shard s;
         RETURN;
@@ -127,8 +134,8 @@ BEGIN
         RETURN;
     END IF;
 
-    INSERT INTO ledger_entries (transfer_id, account_id, counterparty_id, amount, currency, kind, reference, client)
-    VALUES (p_transfer_id, p_src, p_dst, p_amount, p_currency, 'transfer_out', p_reference, p_client)
+    INSERT INTO ledger_entries (transfer_id, keyspace_id, account_id, counterparty_id, amount, currency, kind, reference, client)
+    VALUES (p_transfer_id, p_keyspace, p_src, p_dst, p_amount, p_currency, 'transfer_out', p_reference, p_client)
     ON CONFLICT (transfer_id, kind) DO NOTHING;
     IF NOT FOUND THEN
         outcome := 'expired';
@@ -136,8 +143,8 @@ BEGIN
     END IF;
     -- Raises 23514 (no partition of relation ... found for row) when upkeep has not created the
     -- partition for now(); the whole statement, debit included, then rolls back.
-    INSERT INTO idempotency_record (key, scope, request_hash, response, state)
-    VALUES (p_key, p_scope, p_request_hash, p_response, 'completed');
+    INSERT INTO idempotency_record (key, scope, request_hash, keyspace_id, response, state)
+    VALUES (p_key, p_scope, p_request_hash, p_keyspace, p_response, 'completed');
     outcome := 'applied';
 END
 $fn$;

@@ -138,7 +138,7 @@ func setup(m *testing.M) (int, error) {
 			return 0, err
 		}
 	}
-	if err := idem.ApplyMap(ctx, env.m, func(s string) *pgxpool.Pool { return env.pools[s] }); err != nil {
+	if _, err := idem.ApplyMap(ctx, env.m, func(s string) *pgxpool.Pool { return env.pools[s] }, idem.Daily); err != nil {
 		return 0, err
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -175,13 +175,48 @@ shard_pool:
   retry_after: 2s
 `
 
-func writeMap(path string, version int, ranges []string) error {
+// writeMap writes a shard map giving shard-i the comma-separated ranges[i]. dsnSuffix is
+// appended to every DSN (a way to change DSNs without changing servers).
+func writeMap(path string, version int, ranges []string, dsnSuffix ...string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "version: %d\nshards:\n", version)
 	for i, s := range env.servers {
-		fmt.Fprintf(&b, "  - name: shard-%d\n    dsn: %s\n    ranges: [%q]\n", i, s.DSN(), ranges[i])
+		var quoted []string
+		for _, r := range strings.Split(ranges[i], ",") {
+			quoted = append(quoted, fmt.Sprintf("%q", r))
+		}
+		fmt.Fprintf(&b, "  - name: shard-%d\n    dsn: %s%s\n    ranges: [%s]\n", i, s.DSN(), strings.Join(dsnSuffix, ""), strings.Join(quoted, ", "))
 	}
-	return os.WriteFile(path, []byte(b.String()), 0o600)
+	// Write and rename, as an operator's editor or a ConfigMap update would: a reader never sees
+	// half a file.
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(b.String()), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// newRouter serves another in-process router reading the shard map at mapPath, as a second
+// replica would. It returns the router and its base URL.
+func newRouter(t testing.TB, mapPath string) (*router.Server, string) {
+	t.Helper()
+	cfg := *env.cfg
+	cfg.ShardmapPath = mapPath
+	m, err := shardmap.Load(mapPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo, err := router.OpenTopology(m, nil, cfg.ShardPool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := router.New(&cfg, topo, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	hs := httptest.NewServer(srv)
+	t.Cleanup(func() {
+		hs.Close()
+		srv.Topology().Close()
+	})
+	return srv, hs.URL
 }
 
 // newKey returns a fresh idempotency key.
@@ -204,10 +239,16 @@ func (r reply) problemType() string {
 	return strings.TrimPrefix(p.Type, router.ProblemBase)
 }
 
-// do sends one request as client-a unless headers say otherwise.
+// do sends one request to the suite's router as client-a unless headers say otherwise.
 func do(t testing.TB, method, path string, headers map[string]string, body string) reply {
 	t.Helper()
-	req, err := http.NewRequest(method, env.url+path, strings.NewReader(body))
+	return doAt(t, env.url, method, path, headers, body)
+}
+
+// doAt is do against the router at base.
+func doAt(t testing.TB, base, method, path string, headers map[string]string, body string) reply {
+	t.Helper()
+	req, err := http.NewRequest(method, base+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,3 +337,14 @@ func accountOn(shard string, from int64) int64 {
 		}
 	}
 }
+
+func mustLoad(t testing.TB, path string) *shardmap.Map {
+	t.Helper()
+	m, err := shardmap.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func keyspaceOf(account int64) uint64 { return shardmap.KeyspaceID(account) }

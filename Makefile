@@ -1,0 +1,33 @@
+# shardgate — see README.md. `make test` is the whole test suite, as CI runs it.
+GO ?= go
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+.PHONY: test deps lint unit bench build run
+
+## test: every check CI runs (lint, unit and integration tests with -race, the benchmark smoke run)
+test: deps lint unit bench-smoke
+
+deps:
+	./scripts/ensure-deps.sh
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+unit:
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+## bench: router vs pgbench, side by side (see README "Performance")
+bench: deps
+	$(GO) test ./test/bench -run '^$$' -bench . -benchtime 1x -timeout 20m
+
+bench-smoke: deps
+	$(GO) test ./test/bench -run '^$$' -bench . -benchtime 1x -timeout 10m -args -bench.duration 3s
+
+build:
+	CGO_ENABLED=0 $(GO) build -o bin/router ./cmd/router
+
+## run: the local sandbox (PostgreSQL shards as local processes, migrated, router on :8080)
+run: deps
+	$(GO) run ./cmd/router dev

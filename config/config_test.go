@@ -1,0 +1,73 @@
+package config
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardgate/shardgate/idem"
+)
+
+const validYAML = `listen: 127.0.0.1:8080
+shardmap: shardmap.yaml
+idempotency:
+  retention: 720h
+  partition_interval: 24h
+  replay_window: 168h
+  in_progress_retry_after: 1s
+auth:
+  mode: tokens
+  clients:
+    - name: payments-api
+      token_sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+`
+
+func TestParseValid(t *testing.T) {
+	c, err := Parse("/etc/shardgate/router.yaml", []byte(validYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ShardmapPath != filepath.FromSlash("/etc/shardgate/shardmap.yaml") {
+		t.Errorf("shardmap path %q is not relative to router.yaml", c.ShardmapPath)
+	}
+	if c.Idempotency.Retention != 720*time.Hour || c.Idempotency.PartitionInterval != idem.Daily ||
+		c.Idempotency.InProgressRetryAfter != time.Second || c.Transfers.DefaultCurrency != "EUR" {
+		t.Errorf("unexpected values: %+v", c)
+	}
+	if len(c.Auth.Clients) != 1 || c.Auth.Clients[0].Name != "payments-api" || c.Auth.Clients[0].TokenSHA256[0] != 0x9f {
+		t.Errorf("clients: %+v", c.Auth.Clients)
+	}
+}
+
+func TestParseRejects(t *testing.T) {
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"unknown key", validYAML + "colour: blue\n", "field colour not found"},
+		{"unknown nested key", strings.Replace(validYAML, "  retention: 720h", "  retension: 720h", 1), "field retension not found"},
+		{"retention below twice replay window", strings.Replace(validYAML, "retention: 720h", "retention: 300h", 1), "less than twice replay_window"},
+		{"bad duration", strings.Replace(validYAML, "retention: 720h", "retention: 30 days", 1), "not a duration"},
+		{"unsupported interval", strings.Replace(validYAML, "partition_interval: 24h", "partition_interval: 6h", 1), "partition_interval"},
+		{"retry-after below a second", strings.Replace(validYAML, "in_progress_retry_after: 1s", "in_progress_retry_after: 200ms", 1), "below 1s"},
+		{"bad token hash", strings.Replace(validYAML, "9f86d081", "zz86d081", 1), "64 hex digits"},
+		{"bad mode", strings.Replace(validYAML, "mode: tokens", "mode: maybe", 1), `"maybe" must be tokens or none`},
+		{"tokens without clients", "auth:\n  mode: tokens\n", "at least one client"},
+		{"bad client name", strings.Replace(validYAML, "payments-api", "Payments API", 1), "must be 1-63"},
+		{"duplicate client", validYAML + "    - name: payments-api\n      token_sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n", "listed twice"},
+		{"none with clients", strings.Replace(validYAML, "mode: tokens", "mode: none", 1), "given with mode none"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse("router.yaml", []byte(tc.yaml))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseReportsEveryProblem(t *testing.T) {
+	y := strings.NewReplacer("retention: 720h", "retention: 1h", "mode: tokens", "mode: maybe").Replace(validYAML)
+	_, err := Parse("router.yaml", []byte(y))
+	if err == nil || !strings.Contains(err.Error(), "retention") || !strings.Contains(err.Error(), "auth.mode") {
+		t.Fatalf("want both problems reported, got %v", err)
+	}
+}

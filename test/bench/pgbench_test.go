@@ -1,0 +1,188 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// findPgbench returns the pgbench to run: the one on PATH (Debian's postgresql-client puts it
+// in /usr/bin), else the one next to the server binaries.
+func findPgbench(serverBin string) (string, error) {
+	if p, err := exec.LookPath("pgbench"); err == nil {
+		return p, nil
+	}
+	p := filepath.Join(serverBin, "pgbench")
+	if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode().Perm()&0o111 != 0 {
+		return p, nil
+	}
+	return "", errors.New("pgbench is not on PATH nor in " + serverBin +
+		": install it (apt-get install postgresql-client-15, or run scripts/ensure-deps.sh as root)")
+}
+
+// pgbench runs one pgbench script against one server.
+type pgbench struct {
+	bin        string
+	host       string
+	port       int
+	user, db   string
+	clients    int
+	seconds    int
+	scriptPath string
+	vars       map[string]string // -D name=value
+}
+
+// pgbenchReport is what pgbench printed about a run.
+type pgbenchReport struct {
+	processed int64   // "number of transactions actually processed"
+	failed    int64   // "number of failed transactions" (PostgreSQL 15+; 0 when absent)
+	tps       float64 // excluding the time spent connecting
+}
+
+// run runs pgbench to completion and returns its report and the CPU time the pgbench process
+// used (which counts against the machine's cores as the load generator's does).
+func (p pgbench) run(ctx context.Context) (pgbenchReport, time.Duration, error) {
+	args := []string{
+		"-n",             // no vacuum of pgbench's own tables: we have none
+		"-M", "prepared", // like pgx's statement cache: parse once per connection, then Bind/Execute
+		"-c", strconv.Itoa(p.clients), "-j", strconv.Itoa(p.clients),
+		"-T", strconv.Itoa(p.seconds),
+		"-f", p.scriptPath,
+		"-h", p.host, "-p", strconv.Itoa(p.port), "-U", p.user,
+	}
+	for _, name := range slices.Sorted(maps.Keys(p.vars)) {
+		args = append(args, "-D", name+"="+p.vars[name])
+	}
+	args = append(args, p.db)
+	cmd := exec.CommandContext(ctx, p.bin, args...)
+	cmd.Env = clientEnv()
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var cpu time.Duration
+	if cmd.ProcessState != nil {
+		cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	}
+	if err != nil {
+		return pgbenchReport{}, cpu, fmt.Errorf("%s: %w\nstdout:\n%s\nstderr:\n%s", p.bin, err, stdout.String(), lastLines(stderr.String(), 20))
+	}
+	rep, err := parsePgbench(stdout.String())
+	if err != nil {
+		return rep, cpu, fmt.Errorf("%w\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), lastLines(stderr.String(), 20))
+	}
+	if rep.failed > 0 {
+		return rep, cpu, fmt.Errorf("pgbench reports %d failed transactions; stderr ends with:\n%s", rep.failed, lastLines(stderr.String(), 20))
+	}
+	return rep, cpu, nil
+}
+
+// clientEnv is this process's environment without PG* variables, so that a developer's
+// PGOPTIONS or PGSSLMODE cannot change what pgbench measures.
+func clientEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "PG") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+var (
+	pgbenchProcessed = regexp.MustCompile(`(?m)^number of transactions actually processed: (\d+)`)
+	pgbenchFailed    = regexp.MustCompile(`(?m)^number of failed transactions: (\d+)`)
+	// PostgreSQL 14+ prints "without initial connection time"; 13 and older print "excluding
+	// connections establishing".
+	pgbenchTPS = regexp.MustCompile(`(?m)^tps = ([0-9.]+) \((?:without initial connection time|excluding connections establishing)\)`)
+)
+
+// parsePgbench reads pgbench's summary.
+func parsePgbench(out string) (pgbenchReport, error) {
+	var rep pgbenchReport
+	m := pgbenchProcessed.FindStringSubmatch(out)
+	if m == nil {
+		return rep, errors.New(`pgbench printed no "number of transactions actually processed" line`)
+	}
+	rep.processed, _ = strconv.ParseInt(m[1], 10, 64) // \d+ that fits: pgbench printed an int64
+	if m := pgbenchFailed.FindStringSubmatch(out); m != nil {
+		rep.failed, _ = strconv.ParseInt(m[1], 10, 64)
+	}
+	m = pgbenchTPS.FindStringSubmatch(out)
+	if m == nil {
+		return rep, errors.New(`pgbench printed no "tps = N (without initial connection time)" line`)
+	}
+	tps, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		return rep, fmt.Errorf("pgbench tps %q: %w", m[1], err)
+	}
+	rep.tps = tps
+	return rep, nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func TestParsePgbench(t *testing.T) {
+	const pg15 = `pgbench (15.18 (Debian 15.18-0+deb12u1))
+transaction type: /work/main/test/bench/testdata/transfer_new.sql
+scaling factor: 1
+query mode: prepared
+number of clients: 8
+number of threads: 8
+maximum number of tries: 1
+duration: 10 s
+number of transactions actually processed: 12345
+number of failed transactions: 2 (0.016%)
+latency average = 6.480 ms
+initial connection time = 14.020 ms
+tps = 1234.567890 (without initial connection time)
+`
+	const pg13 = `transaction type: x.sql
+number of transactions actually processed: 77
+latency average = 6.480 ms
+tps = 7.100000 (including connections establishing)
+tps = 7.700000 (excluding connections establishing)
+`
+	tests := []struct {
+		name    string
+		out     string
+		want    pgbenchReport
+		wantErr string
+	}{
+		{"pg15", pg15, pgbenchReport{processed: 12345, failed: 2, tps: 1234.56789}, ""},
+		{"pg13", pg13, pgbenchReport{processed: 77, tps: 7.7}, ""},
+		{"no count", "tps = 1.0 (without initial connection time)\n", pgbenchReport{}, "actually processed"},
+		{"no tps", "number of transactions actually processed: 3\n", pgbenchReport{processed: 3}, "tps = N"},
+		{"tps with connections only", "number of transactions actually processed: 3\ntps = 1.0 (including connections establishing)\n", pgbenchReport{processed: 3}, "tps = N"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parsePgbench(tt.out)
+			if tt.wantErr == "" && err != nil {
+				t.Fatalf("parsePgbench: %v", err)
+			}
+			if tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+				t.Fatalf("parsePgbench error = %v, want one mentioning %q", err, tt.wantErr)
+			}
+			if got != tt.want {
+				t.Errorf("parsePgbench = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,445 @@
+// Package faults runs PostgreSQL shards as containers on a private Docker network and breaks
+// them on purpose: stop, kill, pause, cut off from the network. The integration suite uses it
+// as its container backend (SHARDGATE_TEST_BACKEND=docker); this package's own tests are a
+// Jepsen-style bank check of the router under those faults.
+//
+// Nothing is pulled: the image (shardgate/postgres:15 by default, SHARDGATE_PG_IMAGE to choose
+// another, e.g. postgres:15 where a registry is reachable) must exist locally, built by
+// deploy/images/build-postgres-image.sh.
+package faults
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver the readiness check uses
+	"github.com/moby/moby/api/types/container"
+	dockernet "github.com/moby/moby/api/types/network"
+	"github.com/moby/moby/client"
+	"github.com/testcontainers/testcontainers-go"
+	tclog "github.com/testcontainers/testcontainers-go/log"
+	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+	"github.com/testcontainers/testcontainers-go/network"
+	"github.com/testcontainers/testcontainers-go/wait"
+)
+
+// Label marks every container and network this package creates, so a CI step can sweep what a
+// crashed test run left behind: docker rm -f $(docker ps -aq --filter label=dev.shardgate.test=true).
+const Label = "dev.shardgate.test"
+
+// DefaultImage is the PostgreSQL image used unless SHARDGATE_PG_IMAGE names another.
+const DefaultImage = "shardgate/postgres:15"
+
+// Timeouts of single container operations. Each is also bounded by the caller's context.
+const (
+	startTimeout = 90 * time.Second // create, first initdb and readiness, on a busy 2-core machine
+	opTimeout    = 30 * time.Second // stop, start, pause, network changes
+	stopGrace    = 10 * time.Second // SIGINT (fast shutdown) before Docker sends SIGKILL
+)
+
+const (
+	dbUser = "shardgate"
+	dbName = "shardgate"
+)
+
+// Image returns the PostgreSQL image the shards run.
+func Image() string {
+	if img := os.Getenv("SHARDGATE_PG_IMAGE"); img != "" {
+		return img
+	}
+	return DefaultImage
+}
+
+// ErrNoImage is returned (wrapped) when the PostgreSQL image is not present locally.
+var ErrNoImage = errors.New("PostgreSQL image not found locally")
+
+var reaperOnce sync.Once
+
+// disableReaper turns off Ryuk, testcontainers' reaper container: its image cannot be pulled on
+// a machine without a registry, and every container here is terminated by Close (and swept by
+// Label in CI) instead. testcontainers reads its configuration once, at its first call, so this
+// must run before any other testcontainers call; every entry point of this package calls it.
+func disableReaper() {
+	reaperOnce.Do(func() {
+		os.Setenv("TESTCONTAINERS_RYUK_DISABLED", "true")
+		if os.Getenv("SHARDGATE_TEST_VERBOSE") == "" {
+			// testcontainers narrates every step on stdout; the tests report what matters.
+			tclog.SetDefault(tclog.NewNoopLogger())
+		}
+	})
+}
+
+// Docker returns a client for the local Docker Engine after checking that the engine answers
+// and that image exists locally. Its errors say what to do about them.
+func Docker(ctx context.Context, image string) (*testcontainers.DockerClient, error) {
+	disableReaper()
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	cli, err := testcontainers.NewDockerClientWithOpts(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("docker: %w (is the Docker Engine running and its socket readable?)", err)
+	}
+	if _, err := cli.Ping(ctx, client.PingOptions{}); err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("docker: %w (is the Docker Engine running and its socket readable?)", err)
+	}
+	// Checked up front: testcontainers would otherwise try to pull a missing image, and retry
+	// that for minutes on a machine with no registry.
+	if _, err := cli.ImageInspect(ctx, image); err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("%w: %s (%v); build it with deploy/images/build-postgres-image.sh, or set SHARDGATE_PG_IMAGE to an image you have", ErrNoImage, image, err)
+	}
+	return cli, nil
+}
+
+// Cluster is a set of PostgreSQL shard containers on one private network.
+type Cluster struct {
+	Network *testcontainers.DockerNetwork
+	Shards  []*Shard
+	cli     *testcontainers.DockerClient
+
+	mu   sync.Mutex
+	open int // shards not yet closed; the network goes with the last one
+}
+
+// StartCluster starts n shard containers of Image() on a new private network, each with its
+// PostgreSQL port published on a fixed 127.0.0.1 port, so that a shard's DSN survives a restart
+// and pools opened with it reconnect. On error, whatever was started is removed.
+func StartCluster(ctx context.Context, n int) (_ *Cluster, err error) {
+	image := Image()
+	cli, err := Docker(ctx, image)
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{cli: cli}
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
+	nctx, cancel := context.WithTimeout(ctx, opTimeout)
+	c.Network, err = network.New(nctx, network.WithLabels(map[string]string{Label: "true"}))
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("create network: %w", err)
+	}
+	// Started concurrently: each container's initdb is the slow part and they do not interact.
+	c.Shards = make([]*Shard, n)
+	c.open = n
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			c.Shards[i], errs[i] = c.startShard(ctx, image, fmt.Sprintf("shard-%d", i))
+		})
+	}
+	wg.Wait()
+	return c, errors.Join(errs...)
+}
+
+// startShard starts one shard container, retrying with another port if the chosen one was
+// taken between choosing and binding it.
+func (c *Cluster) startShard(ctx context.Context, image, alias string) (*Shard, error) {
+	var err error
+	for range 3 {
+		var port int
+		if port, err = freePort(); err != nil {
+			return nil, err
+		}
+		var s *Shard
+		if s, err = c.runShard(ctx, image, alias, port); err == nil {
+			return s, nil
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, fmt.Errorf("start %s: %w", alias, err)
+}
+
+func (c *Cluster) runShard(ctx context.Context, image, alias string, port int) (*Shard, error) {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	password := rand.Text() // per container; it appears only inside DSNs, which are never logged
+	s := &Shard{cluster: c, Alias: alias, port: port, password: password}
+	pgPort := dockernet.MustParsePort("5432/tcp")
+	ctr, err := tcpostgres.Run(ctx, image,
+		tcpostgres.WithUsername(dbUser),
+		tcpostgres.WithPassword(password),
+		tcpostgres.WithDatabase(dbName),
+		network.WithNetwork([]string{alias}, c.Network),
+		testcontainers.WithLabels(map[string]string{Label: "true"}),
+		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
+			hc.PortBindings = dockernet.PortMap{pgPort: {{HostIP: netip.MustParseAddr("127.0.0.1"), HostPort: strconv.Itoa(port)}}}
+		}),
+		testcontainers.WithWaitStrategy(wait.ForAll(
+			wait.ForListeningPort("5432/tcp"),
+			// A listening port is not enough: the server may still be recovering.
+			wait.ForSQL("5432/tcp", "pgx", func(host string, p dockernet.Port) string {
+				return s.dsnAt(host, p.Port())
+			}).WithQuery("SELECT 1"),
+		).WithStartupTimeoutDefault(startTimeout)),
+	)
+	if ctr != nil {
+		s.ctr = ctr
+	}
+	if err != nil {
+		if ctr != nil {
+			ctr.Terminate(context.WithoutCancel(ctx)) //nolint:errcheck // best effort; the start error is what matters
+		}
+		return nil, err
+	}
+	if err := s.checkPort(ctx); err != nil {
+		ctr.Terminate(context.WithoutCancel(ctx)) //nolint:errcheck // best effort
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close terminates every shard still open and removes the network.
+func (c *Cluster) Close() error {
+	var errs []error
+	for _, s := range c.Shards {
+		if s != nil {
+			errs = append(errs, s.Close())
+		}
+	}
+	c.mu.Lock()
+	c.open = 0
+	c.mu.Unlock()
+	errs = append(errs, c.removeNetwork())
+	if c.cli != nil {
+		errs = append(errs, c.cli.Close())
+		c.cli = nil
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Cluster) removeNetwork() error {
+	if c.Network == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	err := c.Network.Remove(ctx)
+	c.Network = nil
+	return err
+}
+
+// Shard is one PostgreSQL container. Its methods are safe for concurrent use.
+type Shard struct {
+	// Alias is the shard's host name on the cluster network (shard-0, shard-1, ...).
+	Alias    string
+	cluster  *Cluster
+	password string
+
+	mu     sync.Mutex
+	ctr    *tcpostgres.PostgresContainer
+	port   int // fixed host port on 127.0.0.1
+	closed bool
+}
+
+// DSN is the shard's connection string from the host. It stays the same across Stop, Kill and
+// Restart because the host port is bound explicitly.
+func (s *Shard) DSN() string { return s.dsnAt("127.0.0.1", strconv.Itoa(s.port)) }
+
+// NetworkDSN is the shard's connection string from another container on the cluster network.
+func (s *Shard) NetworkDSN() string { return s.dsnAt(s.Alias, "5432") }
+
+func (s *Shard) dsnAt(host, port string) string {
+	return fmt.Sprintf("postgres://%s:%s@%s/%s?sslmode=disable", dbUser, s.password, net.JoinHostPort(host, port), dbName)
+}
+
+// ContainerID is the Docker id of the shard's container.
+func (s *Shard) ContainerID() string { return s.ctr.GetContainerID() }
+
+// Stop shuts the server down cleanly (SIGINT, PostgreSQL's fast shutdown) and stops the container.
+func (s *Shard) Stop(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	grace := stopGrace
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.ctr.Stop(ctx, &grace); err != nil {
+		return fmt.Errorf("stop %s: %w", s.Alias, err)
+	}
+	return nil
+}
+
+// Kill sends SIGKILL: the server dies without a shutdown checkpoint, as in a crash.
+func (s *Shard) Kill(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.cluster.cli.ContainerKill(ctx, s.ctr.GetContainerID(), client.ContainerKillOptions{Signal: "KILL"}); err != nil {
+		return fmt.Errorf("kill %s: %w", s.Alias, err)
+	}
+	return s.waitExited(ctx)
+}
+
+// waitExited waits until Docker reports the container stopped, so a following Start does not
+// race the kill.
+func (s *Shard) waitExited(ctx context.Context) error {
+	for {
+		st, err := s.ctr.State(ctx)
+		if err != nil {
+			return fmt.Errorf("state of %s: %w", s.Alias, err)
+		}
+		if !st.Running {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s still running: %w", s.Alias, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Restart starts the stopped or killed container again and waits until it answers SQL.
+func (s *Shard) Restart(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.ctr.Start(ctx); err != nil {
+		return fmt.Errorf("restart %s: %w", s.Alias, err)
+	}
+	return s.checkPort(ctx)
+}
+
+// checkPort confirms Docker published the port DSN names: a pool opened with the DSN must
+// reach the same server after every restart.
+func (s *Shard) checkPort(ctx context.Context) error {
+	p, err := s.ctr.MappedPort(ctx, "5432/tcp")
+	if err != nil {
+		return fmt.Errorf("%s: mapped port: %w", s.Alias, err)
+	}
+	if int(p.Num()) != s.port {
+		return fmt.Errorf("%s: published on port %d, not the bound %d", s.Alias, p.Num(), s.port)
+	}
+	return nil
+}
+
+// Pause freezes every process of the container (cgroup freezer): connections stay open and
+// stall, as with a server hung on I/O or a long GC-like stop.
+func (s *Shard) Pause(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	if _, err := s.cluster.cli.ContainerPause(ctx, s.ctr.GetContainerID(), client.ContainerPauseOptions{}); err != nil {
+		return fmt.Errorf("pause %s: %w", s.Alias, err)
+	}
+	return nil
+}
+
+// Unpause resumes a paused container.
+func (s *Shard) Unpause(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	if _, err := s.cluster.cli.ContainerUnpause(ctx, s.ctr.GetContainerID(), client.ContainerUnpauseOptions{}); err != nil {
+		return fmt.Errorf("unpause %s: %w", s.Alias, err)
+	}
+	return nil
+}
+
+// Disconnect cuts the container off the cluster network. Its published port goes with it, so
+// clients on the host lose it too: established connections stall, new ones fail.
+func (s *Shard) Disconnect(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	if _, err := s.cluster.cli.NetworkDisconnect(ctx, s.cluster.Network.ID, client.NetworkDisconnectOptions{Container: s.ctr.GetContainerID(), Force: true}); err != nil {
+		return fmt.Errorf("disconnect %s: %w", s.Alias, err)
+	}
+	return nil
+}
+
+// Connect reattaches the container to the cluster network under its alias.
+func (s *Shard) Connect(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	if _, err := s.cluster.cli.NetworkConnect(ctx, s.cluster.Network.ID, client.NetworkConnectOptions{
+		Container:      s.ctr.GetContainerID(),
+		EndpointConfig: &dockernet.EndpointSettings{Aliases: []string{s.Alias}},
+	}); err != nil {
+		return fmt.Errorf("connect %s: %w", s.Alias, err)
+	}
+	return nil
+}
+
+// Close terminates (stops and removes) the container; the last shard to close also removes the
+// cluster's network. Closing twice is harmless.
+func (s *Shard) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	// A paused container cannot be stopped; unpausing one that is not paused fails harmlessly.
+	s.cluster.cli.ContainerUnpause(ctx, s.ctr.GetContainerID(), client.ContainerUnpauseOptions{}) //nolint:errcheck // see above
+	err := s.ctr.Terminate(ctx, testcontainers.StopTimeout(stopGrace))
+	if err != nil {
+		err = fmt.Errorf("terminate %s: %w", s.Alias, err)
+	}
+	c := s.cluster
+	c.mu.Lock()
+	c.open--
+	last := c.open == 0
+	c.mu.Unlock()
+	if last {
+		err = errors.Join(err, c.removeNetwork())
+	}
+	return err
+}
+
+// lowestPort is the bottom of the range freePort draws from, clear of well-known ports.
+const lowestPort = 20000
+
+// freePort returns a TCP port free on 127.0.0.1, below the kernel's ephemeral range when it can:
+// a stopped shard keeps its port until Restart, and an ephemeral port could be handed to some
+// outgoing connection meanwhile. Another process can still take the port before Docker binds
+// it; StartCluster retries then.
+func freePort() (int, error) {
+	top := ephemeralLow() - 1
+	for range 50 {
+		if top-lowestPort < 1000 {
+			break
+		}
+		port := lowestPort + mrand.IntN(top-lowestPort+1)
+		if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err == nil {
+			l.Close()
+			return port, nil
+		}
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("finding a free port on 127.0.0.1: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ephemeralLow returns the first port of the kernel's ephemeral range, or 0 when it cannot be
+// read (freePort then asks for port 0).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	low, _ := strconv.Atoi(strings.Fields(string(b) + " 0")[0])
+	return low
+}

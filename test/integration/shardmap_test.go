@@ -1,0 +1,200 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/router"
+)
+
+// Reloading a map that reopens every pool, while clients keep sending, fails no request.
+func TestReloadUnderLoadFailsNoRequest(t *testing.T) {
+	mapPath := filepath.Join(t.TempDir(), "shardmap.yaml")
+	if err := writeMap(mapPath, 1, []string{"-80", "80-"}); err != nil {
+		t.Fatal(err)
+	}
+	srv, base := newRouter(t, mapPath)
+
+	var sent, failed atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < 6; w++ {
+		wg.Go(func() {
+			for i := int64(0); ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r := doAt(t, base, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": newKey()}, transferBody(40000+i, 1, 3))
+				sent.Add(1)
+				if r.status != http.StatusCreated {
+					failed.Add(1)
+					t.Errorf("during reload: %d %s", r.status, r.body)
+				}
+			}
+		})
+	}
+	// Between reloads, let traffic flow: at least ten transfers each time.
+	flowing := func() {
+		n := sent.Load()
+		waitFor(t, func() bool { return sent.Load() >= n+10 })
+	}
+	for v := 2; v <= 4; v++ {
+		flowing()
+		// A different application_name changes every DSN: every pool is replaced and drained.
+		if err := writeMap(mapPath, v, []string{"-80", "80-"}, "&application_name=reload", string(rune('a'+v))); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := srv.Reload(mapPath); res != router.ReloadApplied {
+			t.Fatalf("reload to version %d: %s %v", v, res, err)
+		}
+	}
+	flowing()
+	close(stop)
+	wg.Wait()
+	if srv.Topology().Map.Version != 4 {
+		t.Errorf("serving version %d, want 4", srv.Topology().Map.Version)
+	}
+	t.Logf("%d transfers during 3 reloads, %d failed", sent.Load(), failed.Load())
+}
+
+// An invalid map, a lower version or a silent change under the same version is refused, and
+// routing continues on the old map.
+func TestRefusedReloadKeepsRouting(t *testing.T) {
+	dir := t.TempDir()
+	mapPath := filepath.Join(dir, "shardmap.yaml")
+	if err := writeMap(mapPath, 5, []string{"-80", "80-"}); err != nil {
+		t.Fatal(err)
+	}
+	srv, base := newRouter(t, mapPath)
+	for name, write := range map[string]func() error{
+		"gap in coverage":                func() error { return writeMap(mapPath, 6, []string{"-40", "80-"}) },
+		"lower version":                  func() error { return writeMap(mapPath, 4, []string{"-80", "80-"}) },
+		"same version, different ranges": func() error { return writeMap(mapPath, 5, []string{"-40", "40-"}) },
+		"not YAML":                       func() error { return os.WriteFile(mapPath, []byte("version: [\n"), 0o600) },
+	} {
+		if err := write(); err != nil {
+			t.Fatal(err)
+		}
+		res, err := srv.Reload(mapPath)
+		if res != router.ReloadRefused || err == nil {
+			t.Errorf("%s: reload %s, %v; want refused", name, res, err)
+		}
+		var got struct {
+			Version int64 `json:"version"`
+		}
+		r := doAt(t, base, http.MethodGet, "/admin/shardmap", nil, "")
+		if err := json.Unmarshal(r.body, &got); err != nil || got.Version != 5 {
+			t.Errorf("%s: serving version %d (%v), want 5", name, got.Version, err)
+		}
+		if r := doAt(t, base, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": newKey()}, transferBody(8842, 1, 1)); r.status != http.StatusCreated {
+			t.Errorf("%s: transfer after refused reload: %d %s", name, r.status, r.body)
+		}
+	}
+	if err := writeMap(mapPath, 5, []string{"-80", "80-"}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := srv.Reload(mapPath); res != router.ReloadUnchanged {
+		t.Errorf("rewriting the same map: %s %v, want unchanged", res, err)
+	}
+}
+
+// Moving a key range between two real shards: its rows move with it, so keys completed before
+// the move replay on the new owner; new transfers go to the new owner; a router kept on the old
+// map is refused by the old owner, so no key is ever applied on both shards.
+func TestRangeMoveFencesStaleRouter(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	current, stale := filepath.Join(dir, "current.yaml"), filepath.Join(dir, "stale.yaml")
+	for _, p := range []string{current, stale} {
+		if err := writeMap(p, 10, []string{"-80", "80-"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pools := func(s string) *pgxpool.Pool { return env.pools[s] }
+	if _, err := idem.ApplyMap(ctx, mustLoad(t, current), pools, idem.Daily); err != nil {
+		t.Fatal(err)
+	}
+	fresh, freshURL := newRouter(t, current)
+	_, staleURL := newRouter(t, stale)
+	t.Cleanup(func() {
+		// Give the range back to shard-0 for the rest of the suite.
+		if err := writeMap(current, 12, []string{"-80", "80-"}); err != nil {
+			t.Error(err)
+		}
+		if _, err := idem.ApplyMap(ctx, mustLoad(t, current), pools, idem.Daily); err != nil {
+			t.Error(err)
+		}
+	})
+
+	// An account in 40-80: owned by shard-0 now, by shard-1 after the move.
+	var acct int64
+	for a := int64(50000); ; a++ {
+		if id := keyspaceOf(a); id >= 0x4000000000000000 && id < 0x8000000000000000 {
+			acct = a
+			break
+		}
+	}
+	before := newKey()
+	body := transferBody(acct, 2, 11)
+	first := doAt(t, freshURL, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": before}, body)
+	if first.status != http.StatusCreated {
+		t.Fatalf("before the move: %d %s", first.status, first.body)
+	}
+
+	if err := writeMap(current, 11, []string{"-40", "40-"}); err != nil {
+		t.Fatal(err)
+	}
+	moves, err := idem.ApplyMap(ctx, mustLoad(t, current), pools, idem.Daily)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(moves) != 1 || moves[0].From != "shard-0" || moves[0].To != "shard-1" || moves[0].Records < 1 || moves[0].Ledger < 1 {
+		t.Fatalf("moves %+v, want rows of 40-80 copied from shard-0 to shard-1", moves)
+	}
+	// The router on the current file learns the new map from the shard's refusal, reloads and
+	// routes again: the retry of a key completed before the move replays on the new owner.
+	again := doAt(t, freshURL, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": before}, body)
+	if again.status != http.StatusCreated || again.header.Get("Idempotent-Replayed") != "true" || string(again.body) != string(first.body) {
+		t.Fatalf("retry after the move: %d %s, want the replay", again.status, again.body)
+	}
+	if fresh.Topology().Map.Version != 11 {
+		t.Errorf("router serves version %d after the refusal, want 11", fresh.Topology().Map.Version)
+	}
+	if n := ledgerRows(t, "shard-1", transferID(acct, before)); n != 1 {
+		t.Errorf("moved transfer: %d rows on shard-1, want 1", n)
+	}
+
+	after := newKey()
+	if r := doAt(t, freshURL, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": after}, body); r.status != http.StatusCreated {
+		t.Fatalf("new transfer after the move: %d %s", r.status, r.body)
+	}
+	if a, b := ledgerRows(t, "shard-0", transferID(acct, after)), ledgerRows(t, "shard-1", transferID(acct, after)); a != 0 || b != 1 {
+		t.Errorf("new transfer: %d rows on shard-0, %d on shard-1; want it on the new owner only", a, b)
+	}
+
+	// The stale router (its file still says version 10) is refused by shard-0 for the same key
+	// and for a new one: nothing is applied on the old owner.
+	for _, key := range []string{after, newKey()} {
+		r := doAt(t, staleURL, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": key}, body)
+		if r.status != http.StatusServiceUnavailable || r.problemType() != "shard-map-changing" {
+			t.Errorf("stale router: %d %s, want 503 shard-map-changing", r.status, r.body)
+		}
+		if n := ledgerRows(t, "shard-0", transferID(acct, key)); n != 0 {
+			t.Errorf("stale router applied key on the old owner (%d rows)", n)
+		}
+	}
+	if n := ledgerRows(t, "shard-1", transferID(acct, after)); n != 1 {
+		t.Errorf("key %s has %d rows on the new owner, want exactly 1", after, n)
+	}
+}
