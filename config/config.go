@@ -27,6 +27,28 @@ type Config struct {
 	Auth         Auth
 	Transfers    Transfers
 	ShardPool    ShardPool
+	HTTP         HTTP
+	TLS          TLS
+	Admin        Admin
+}
+
+// HTTP bounds what one client connection may cost.
+type HTTP struct {
+	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	MaxHeaderBytes                                            int
+}
+
+// TLS, when CertFile is set, serves the API over HTTPS; ClientCAFile additionally requires
+// every client to present a certificate signed by that CA (mutual TLS).
+type TLS struct {
+	CertFile, KeyFile, ClientCAFile string
+}
+
+// Admin protects /admin/* and /metrics: served on their own Listen address when set (and then
+// not on the API listener), and requiring a bearer token whose SHA-256 is TokenSHA256 when set.
+type Admin struct {
+	Listen      string
+	TokenSHA256 *[32]byte
 }
 
 // Idempotency is how long keys live and how their table is partitioned.
@@ -62,6 +84,7 @@ type Transfers struct {
 // ShardPool is how the router talks to each shard.
 type ShardPool struct {
 	MaxConns       int32
+	MaxWaiting     int // requests allowed to wait for a busy shard's connection; more get 503 at once
 	ConnectTimeout time.Duration
 	RequestTimeout time.Duration // deadline for one transfer's round trip on its shard
 	RetryAfter     time.Duration // Retry-After on 503
@@ -91,10 +114,27 @@ type file struct {
 	} `yaml:"transfers"`
 	ShardPool struct {
 		MaxConns       *int32    `yaml:"max_conns"`
+		MaxWaiting     *int      `yaml:"max_waiting"`
 		ConnectTimeout *duration `yaml:"connect_timeout"`
 		RequestTimeout *duration `yaml:"request_timeout"`
 		RetryAfter     *duration `yaml:"retry_after"`
 	} `yaml:"shard_pool"`
+	HTTP struct {
+		ReadHeaderTimeout *duration `yaml:"read_header_timeout"`
+		ReadTimeout       *duration `yaml:"read_timeout"`
+		WriteTimeout      *duration `yaml:"write_timeout"`
+		IdleTimeout       *duration `yaml:"idle_timeout"`
+		MaxHeaderBytes    *int      `yaml:"max_header_bytes"`
+	} `yaml:"http"`
+	TLS struct {
+		CertFile     string `yaml:"cert_file"`
+		KeyFile      string `yaml:"key_file"`
+		ClientCAFile string `yaml:"client_ca_file"`
+	} `yaml:"tls"`
+	Admin struct {
+		Listen      string `yaml:"listen"`
+		TokenSHA256 string `yaml:"token_sha256"`
+	} `yaml:"admin"`
 }
 
 type duration struct{ time.Duration }
@@ -151,18 +191,28 @@ func Parse(path string, data []byte) (*Config, error) {
 		},
 		ShardPool: ShardPool{
 			MaxConns:       deref(f.ShardPool.MaxConns, 16),
+			MaxWaiting:     deref(f.ShardPool.MaxWaiting, 64),
 			ConnectTimeout: durOr(f.ShardPool.ConnectTimeout, 2*time.Second),
 			RequestTimeout: durOr(f.ShardPool.RequestTimeout, 5*time.Second),
 			RetryAfter:     durOr(f.ShardPool.RetryAfter, time.Second),
 		},
+		HTTP: HTTP{
+			ReadHeaderTimeout: durOr(f.HTTP.ReadHeaderTimeout, 5*time.Second),
+			ReadTimeout:       durOr(f.HTTP.ReadTimeout, 15*time.Second),
+			WriteTimeout:      durOr(f.HTTP.WriteTimeout, 30*time.Second),
+			IdleTimeout:       durOr(f.HTTP.IdleTimeout, 90*time.Second),
+			MaxHeaderBytes:    deref(f.HTTP.MaxHeaderBytes, 16<<10),
+		},
+		TLS:   TLS{CertFile: rel(path, f.TLS.CertFile), KeyFile: rel(path, f.TLS.KeyFile), ClientCAFile: rel(path, f.TLS.ClientCAFile)},
+		Admin: Admin{Listen: f.Admin.Listen},
 	}
 	if c.Listen == "" {
 		bad("listen: must be host:port, e.g. 127.0.0.1:8080")
 	}
 	if c.ShardmapPath == "" {
 		bad("shardmap: must name the shard map file")
-	} else if !filepath.IsAbs(c.ShardmapPath) {
-		c.ShardmapPath = filepath.Join(filepath.Dir(path), c.ShardmapPath)
+	} else {
+		c.ShardmapPath = rel(path, c.ShardmapPath)
 	}
 
 	switch iv := deref(f.Idempotency.PartitionInterval, "24h"); iv {
@@ -233,11 +283,50 @@ func Parse(path string, data []byte) (*Config, error) {
 	if sp.RetryAfter < time.Second {
 		bad("shard_pool.retry_after: %s is below 1s, the smallest Retry-After HTTP can express", sp.RetryAfter)
 	}
+	if sp.MaxWaiting < 0 || sp.MaxWaiting > 100000 {
+		bad("shard_pool.max_waiting: %d must be between 0 and 100000", sp.MaxWaiting)
+	}
+	h := c.HTTP
+	if h.ReadHeaderTimeout <= 0 || h.ReadTimeout <= 0 || h.WriteTimeout <= 0 || h.IdleTimeout <= 0 {
+		bad("http: read_header_timeout, read_timeout, write_timeout and idle_timeout must be positive")
+	}
+	if h.WriteTimeout <= sp.RequestTimeout {
+		bad("http.write_timeout: %s must exceed shard_pool.request_timeout (%s), or a slow shard's answer could never be written", h.WriteTimeout, sp.RequestTimeout)
+	}
+	if h.MaxHeaderBytes < 1024 || h.MaxHeaderBytes > 1<<20 {
+		bad("http.max_header_bytes: %d must be between 1024 and 1048576", h.MaxHeaderBytes)
+	}
+	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
+		bad("tls: cert_file and key_file go together")
+	}
+	if c.TLS.ClientCAFile != "" && c.TLS.CertFile == "" {
+		bad("tls.client_ca_file: mutual TLS needs cert_file and key_file too")
+	}
+	if f.Admin.TokenSHA256 != "" {
+		sum, err := hex.DecodeString(f.Admin.TokenSHA256)
+		if err != nil || len(sum) != 32 {
+			bad("admin.token_sha256: must be 64 hex digits, the SHA-256 of the admin token")
+		} else {
+			v := [32]byte(sum)
+			c.Admin.TokenSHA256 = &v
+		}
+	}
+	if c.Admin.Listen != "" && c.Admin.Listen == c.Listen {
+		bad("admin.listen: must differ from listen (%s)", c.Listen)
+	}
 
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("%s: invalid configuration:\n  %s", path, strings.Join(problems, "\n  "))
 	}
 	return c, nil
+}
+
+// rel resolves a file named in router.yaml relative to router.yaml's directory.
+func rel(configPath, p string) string {
+	if p == "" || filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(filepath.Dir(configPath), p)
 }
 
 func deref[T any](p *T, def T) T {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -89,17 +91,32 @@ func serveOn(ctx context.Context, ln net.Listener, cfg *config.Config, m *shardm
 		}
 	}()
 
-	hs := &http.Server{
-		Handler:           srv,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       15 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       90 * time.Second,
-		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	hs := httpServer(cfg, srv, log)
+	if hs.TLSConfig, err = serverTLS(cfg.TLS); err != nil {
+		ln.Close()
+		srv.Topology().Close()
+		return err
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
+	errc := make(chan error, 2)
+	go func() {
+		if cfg.TLS.CertFile != "" {
+			errc <- hs.ServeTLS(ln, cfg.TLS.CertFile, cfg.TLS.KeyFile)
+			return
+		}
+		errc <- hs.Serve(ln)
+	}()
+	var admin *http.Server
+	if cfg.Admin.Listen != "" {
+		aln, err := net.Listen("tcp", cfg.Admin.Listen)
+		if err != nil {
+			hs.Close()
+			srv.Topology().Close()
+			return fmt.Errorf("admin.listen: %w", err)
+		}
+		admin = httpServer(cfg, srv.AdminHandler(), log)
+		go func() { errc <- admin.Serve(aln) }()
+		log.Info("admin endpoints (/metrics, /admin/*) served separately", "addr", aln.Addr().String())
+	}
 	log.Info("serving", "addr", ln.Addr().String(), "shardmap_version", m.Version, "shards", len(m.Shards))
 	if ready != nil {
 		ready(ln.Addr().String())
@@ -116,12 +133,50 @@ func serveOn(ctx context.Context, ln net.Listener, cfg *config.Config, m *shardm
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
 	err = hs.Shutdown(sctx)
+	if admin != nil {
+		admin.Shutdown(sctx) //nolint:errcheck // the API server's result is the one that matters
+	}
 	srv.Topology().Close()
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// httpServer applies the configured limits to one listener's server.
+func httpServer(cfg *config.Config, h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout,
+		ReadTimeout:       cfg.HTTP.ReadTimeout,
+		WriteTimeout:      cfg.HTTP.WriteTimeout,
+		IdleTimeout:       cfg.HTTP.IdleTimeout,
+		MaxHeaderBytes:    cfg.HTTP.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}
+
+// serverTLS builds the API listener's TLS settings: nil without a certificate; with a client
+// CA, every client must present a certificate it signed (mutual TLS).
+func serverTLS(c config.TLS) (*tls.Config, error) {
+	if c.CertFile == "" {
+		return nil, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.ClientCAFile != "" {
+		pem, err := os.ReadFile(c.ClientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls.client_ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls.client_ca_file %s: no PEM certificate found", c.ClientCAFile)
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
 }
 
 // watchMap calls changed whenever the map file's size or modification time changes. Polling

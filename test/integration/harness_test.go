@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -12,9 +13,11 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,6 +45,9 @@ type shardServer interface {
 
 var _ shardServer = (*localpg.Server)(nil)
 
+// shardPassword protects the suite's shards, so that TestMain can prove it never reaches a log.
+const shardPassword = "pw-9f1c2d64-Secr3t"
+
 // startShards starts the suite's shards. It is localShards unless another backend is chosen
 // (see SHARDGATE_TEST_BACKEND in README).
 var startShards = localShards
@@ -50,7 +56,7 @@ func localShards(ctx context.Context, n int, dir string) ([]shardServer, error) 
 	if _, err := localpg.BinDir(); err != nil {
 		return nil, err
 	}
-	servers, err := localpg.StartCluster(ctx, n, localpg.Options{Dir: dir})
+	servers, err := localpg.StartCluster(ctx, n, localpg.Options{Dir: dir, Password: shardPassword})
 	if err != nil {
 		return nil, err
 	}
@@ -71,6 +77,8 @@ var env struct {
 	cfg     *config.Config
 	srv     *router.Server
 	url     string
+	log     *slog.Logger // every router's log, kept in logs
+	logs    lockedBuffer // checked for secrets after the run
 }
 
 func TestMain(m *testing.M) {
@@ -141,16 +149,59 @@ func setup(m *testing.M) (int, error) {
 	if _, err := idem.ApplyMap(ctx, env.m, func(s string) *pgxpool.Pool { return env.pools[s] }, idem.Daily); err != nil {
 		return 0, err
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var logOut io.Writer = &env.logs
 	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		logOut = io.MultiWriter(&env.logs, os.Stderr)
 	}
-	env.srv = router.New(env.cfg, topo, log, prometheus.NewRegistry())
+	env.log = slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	env.srv = router.New(env.cfg, topo, env.log, prometheus.NewRegistry())
 	hs := httptest.NewServer(env.srv)
 	defer hs.Close()
 	defer func() { env.srv.Topology().Close() }()
 	env.url = hs.URL
-	return m.Run(), nil
+	code := m.Run()
+	if leaked := secretsIn(env.logs.String()); len(leaked) > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: the router's logs contain secrets: %v\n", leaked)
+		return 1, nil
+	}
+	return code, nil
+}
+
+// secretsIn returns which configured secrets (shard passwords, client tokens) occur in logs.
+func secretsIn(logs string) []string {
+	secrets := []string{"token-a", "token-b", "admin-token"}
+	for _, s := range env.servers {
+		if u, err := url.Parse(s.DSN()); err == nil {
+			if pw, ok := u.User.Password(); ok {
+				secrets = append(secrets, pw)
+			}
+		}
+	}
+	var leaked []string
+	for _, s := range secrets {
+		if strings.Contains(logs, s) {
+			leaked = append(leaked, fmt.Sprintf("%q", s))
+		}
+	}
+	return leaked
+}
+
+// lockedBuffer collects log output from concurrent requests.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // Two clients, so scoping can be tested: tokens "token-a" and "token-b".
@@ -170,6 +221,7 @@ auth:
       token_sha256: 49e2bb7eab54cf09b409ffafd3fa8a8a955a60eb972faacaefbed3dbd3207132
 shard_pool:
   max_conns: 20
+  max_waiting: 1000 # the guide's verification sends 480 requests at once
   connect_timeout: 5s
   request_timeout: 10s
   retry_after: 2s
@@ -198,10 +250,13 @@ func writeMap(path string, version int, ranges []string, dsnSuffix ...string) er
 
 // newRouter serves another in-process router reading the shard map at mapPath, as a second
 // replica would. It returns the router and its base URL.
-func newRouter(t testing.TB, mapPath string) (*router.Server, string) {
+func newRouter(t testing.TB, mapPath string, adjust ...func(*config.Config)) (*router.Server, string) {
 	t.Helper()
 	cfg := *env.cfg
 	cfg.ShardmapPath = mapPath
+	for _, f := range adjust {
+		f(&cfg)
+	}
 	m, err := shardmap.Load(mapPath)
 	if err != nil {
 		t.Fatal(err)
@@ -210,7 +265,7 @@ func newRouter(t testing.TB, mapPath string) (*router.Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := router.New(&cfg, topo, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	srv := router.New(&cfg, topo, env.log, prometheus.NewRegistry())
 	hs := httptest.NewServer(srv)
 	t.Cleanup(func() {
 		hs.Close()

@@ -1,0 +1,60 @@
+package router
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// ProblemBase prefixes every problem type URI. The URIs are stable: clients branch on them.
+const ProblemBase = "https://shardgate.dev/problems/"
+
+// problemType is one kind of RFC 9457 problem: a stable type URI, its status and title.
+type problemType struct {
+	slug   string
+	status int
+	title  string
+}
+
+// Each client-visible failure has its own type; no two cases share one.
+var (
+	probInvalidBody      = problemType{"invalid-request-body", http.StatusBadRequest, "The request body is not a valid transfer"}
+	probMissingKey       = problemType{"missing-idempotency-key", http.StatusBadRequest, "The Idempotency-Key header is required"}
+	probInvalidKey       = problemType{"invalid-idempotency-key", http.StatusBadRequest, "The Idempotency-Key header is not valid"}
+	probInvalidID        = problemType{"invalid-transfer-id", http.StatusBadRequest, "The transfer id is not valid"}
+	probInvalidAccount   = problemType{"invalid-account", http.StatusBadRequest, "The account parameter is not valid"}
+	probUnauthorized     = problemType{"unauthorized", http.StatusUnauthorized, "Missing or invalid bearer token"}
+	probNotFound         = problemType{"transfer-not-found", http.StatusNotFound, "No such transfer"}
+	probTooLarge         = problemType{"request-too-large", http.StatusRequestEntityTooLarge, "The request body is too large"}
+	probMediaType        = problemType{"unsupported-media-type", http.StatusUnsupportedMediaType, "The request body must be application/json"}
+	probInProgress       = problemType{"request-in-progress", http.StatusConflict, "A request with this Idempotency-Key is still in progress"}
+	probKeyReused        = problemType{"idempotency-key-reused", http.StatusUnprocessableEntity, "The Idempotency-Key was used for a different request"}
+	probKeyExpired       = problemType{"idempotency-key-expired", http.StatusUnprocessableEntity, "The Idempotency-Key is older than the retention period"}
+	probShardUnavailable = problemType{"shard-unavailable", http.StatusServiceUnavailable, "The shard that owns this account is unavailable"}
+	probShardBusy        = problemType{"shard-busy", http.StatusServiceUnavailable, "The shard that owns this account is saturated"}
+	probStorageNotReady  = problemType{"storage-not-ready", http.StatusServiceUnavailable, "The owning shard cannot store idempotency records right now"}
+	probStaleMap         = problemType{"shard-map-changing", http.StatusServiceUnavailable, "The account's key range is moving between shards"}
+	probInternal         = problemType{"internal-error", http.StatusInternalServerError, "Internal error"}
+)
+
+// problem is the RFC 9457 body.
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// writeProblem answers with pt; retryAfter > 0 adds a Retry-After header in whole seconds.
+func writeProblem(w http.ResponseWriter, pt problemType, detail string, retryAfter time.Duration) {
+	body, _ := json.Marshal(problem{Type: ProblemBase + pt.slug, Title: pt.title, Status: pt.status, Detail: detail})
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
+	if retryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(int((retryAfter+time.Second-1)/time.Second)))
+	}
+	w.WriteHeader(pt.status)
+	w.Write(append(body, '\n')) //nolint:errcheck // the client went away; nothing to do
+}

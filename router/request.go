@@ -1,0 +1,233 @@
+package router
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// TransferInput is a validated POST /transfers body, with the default currency applied.
+type TransferInput struct {
+	Src       int64  `json:"src"`
+	Dst       int64  `json:"dst"`
+	Amount    int64  `json:"amount"`
+	Currency  string `json:"currency"`
+	Reference string `json:"reference,omitempty"`
+}
+
+// maxReferenceLen is SPEC's limit on "reference", in characters.
+const maxReferenceLen = 140
+
+// errBadBody marks an error as the client's: malformed or invalid JSON.
+var errBadBody = errors.New("invalid request body")
+
+func badBody(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errBadBody, fmt.Sprintf(format, args...))
+}
+
+// DecodeTransfer reads one JSON object from r. It accepts exactly the fields SPEC names, each
+// at most once and of its exact type: integers must be written as integers (2500, not 2500.0 or
+// 2.5e3) and fit in int64. Anything else is an error wrapping errBadBody that names the problem.
+func DecodeTransfer(r io.Reader, defaultCurrency string) (TransferInput, error) {
+	dec := json.NewDecoder(r)
+	dec.UseNumber()
+	var in TransferInput
+	tok, err := dec.Token()
+	if err != nil {
+		return in, notJSON(err)
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return in, badBody("must be a JSON object")
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return in, notJSON(err)
+		}
+		name := tok.(string) // inside an object the decoder only yields string keys
+		if seen[name] {
+			return in, badBody("field %q appears twice", name)
+		}
+		seen[name] = true
+		val, err := dec.Token()
+		if err != nil {
+			return in, notJSON(err)
+		}
+		switch name {
+		case "src":
+			in.Src, err = intField(name, val)
+		case "dst":
+			in.Dst, err = intField(name, val)
+		case "amount":
+			in.Amount, err = intField(name, val)
+		case "currency":
+			in.Currency, err = stringField(name, val)
+		case "reference":
+			in.Reference, err = stringField(name, val)
+		default:
+			err = badBody("unknown field %q (allowed: src, dst, amount, currency, reference)", name)
+		}
+		if err != nil {
+			return in, err
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return in, notJSON(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return in, badBody("unexpected data after the JSON object")
+	}
+	for _, f := range []string{"src", "dst", "amount"} {
+		if !seen[f] {
+			return in, badBody("field %q is required", f)
+		}
+	}
+	if in.Amount <= 0 {
+		return in, badBody("amount must be a positive integer in minor units, got %d", in.Amount)
+	}
+	if in.Src == in.Dst {
+		return in, badBody("src and dst must differ (both are %d)", in.Src)
+	}
+	if !seen["currency"] {
+		in.Currency = defaultCurrency
+	} else if !isCurrencyCode(in.Currency) {
+		return in, badBody("currency %q must be an ISO 4217 code: three upper-case letters such as EUR", in.Currency)
+	}
+	if n := utf8.RuneCountInString(in.Reference); n > maxReferenceLen {
+		return in, badBody("reference is %d characters; at most %d are allowed", n, maxReferenceLen)
+	}
+	if strings.ContainsFunc(in.Reference, unicode.IsControl) {
+		return in, badBody("reference must not contain control characters")
+	}
+	return in, nil
+}
+
+// notJSON wraps a decoding error, keeping it inspectable: a body cut off by http.MaxBytesReader
+// must still be told apart as too large.
+func notJSON(err error) error {
+	return fmt.Errorf("%w: not JSON: %w", errBadBody, err)
+}
+
+func intField(name string, tok json.Token) (int64, error) {
+	num, ok := tok.(json.Number)
+	if !ok {
+		return 0, badBody("field %q must be an integer, got %s", name, describe(tok))
+	}
+	v, err := strconv.ParseInt(string(num), 10, 64)
+	if err != nil {
+		return 0, badBody("field %q must be an integer between -9223372036854775808 and 9223372036854775807, got %s", name, num)
+	}
+	return v, nil
+}
+
+func stringField(name string, tok json.Token) (string, error) {
+	s, ok := tok.(string)
+	if !ok {
+		return "", badBody("field %q must be a string, got %s", name, describe(tok))
+	}
+	return s, nil
+}
+
+func describe(tok json.Token) string {
+	switch v := tok.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "a boolean"
+	case json.Number:
+		return "the number " + string(v)
+	case string:
+		return "a string"
+	case json.Delim:
+		if v == '{' {
+			return "an object"
+		}
+		return "an array"
+	}
+	return fmt.Sprintf("%T", tok)
+}
+
+func isCurrencyCode(s string) bool {
+	if len(s) != 3 {
+		return false
+	}
+	for i := 0; i < 3; i++ {
+		if s[i] < 'A' || s[i] > 'Z' {
+			return false
+		}
+	}
+	return true
+}
+
+// Fingerprint identifies "the same request": method, path and the canonical parsed body (so key
+// order, whitespace and an omitted default currency do not matter). It is the hex SHA-256 of a
+// fixed-order encoding.
+func Fingerprint(method, path string, in TransferInput) string {
+	canonical, _ := json.Marshal(in) // a struct of ints and strings cannot fail to encode
+	h := sha256.New()
+	h.Write([]byte(method))
+	h.Write([]byte{'\n'})
+	h.Write([]byte(path))
+	h.Write([]byte{'\n'})
+	h.Write(canonical)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// errBadKey is wrapped by every Idempotency-Key parse error.
+var errBadKey = errors.New("invalid Idempotency-Key")
+
+// maxKeyLen is SPEC's limit on a key, in characters (all ASCII).
+const maxKeyLen = 255
+
+// ParseIdempotencyKey accepts a key in the IETF structured-field form (an sf-string, "9f1c…")
+// or bare (9f1c…), and returns it unquoted. A key is 1-255 visible ASCII characters (0x21-0x7e).
+func ParseIdempotencyKey(header string) (string, error) {
+	v := strings.Trim(header, " \t")
+	if strings.HasPrefix(v, `"`) {
+		var b strings.Builder
+		closed := false
+		for i := 1; i < len(v); i++ {
+			c := v[i]
+			if c == '\\' {
+				i++
+				if i == len(v) || (v[i] != '"' && v[i] != '\\') {
+					return "", fmt.Errorf(`%w: in the quoted form only \" and \\ may follow a backslash`, errBadKey)
+				}
+				b.WriteByte(v[i])
+				continue
+			}
+			if c == '"' {
+				if i != len(v)-1 {
+					return "", fmt.Errorf("%w: nothing may follow the closing quote", errBadKey)
+				}
+				closed = true
+				break
+			}
+			b.WriteByte(c)
+		}
+		if !closed {
+			return "", fmt.Errorf("%w: the quoted form is missing its closing quote", errBadKey)
+		}
+		v = b.String()
+	}
+	if v == "" {
+		return "", fmt.Errorf("%w: it is empty", errBadKey)
+	}
+	if len(v) > maxKeyLen {
+		return "", fmt.Errorf("%w: it is %d characters; at most %d are allowed", errBadKey, len(v), maxKeyLen)
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] < 0x21 || v[i] > 0x7e {
+			return "", fmt.Errorf("%w: character %d is not visible ASCII (allowed: ! to ~, no spaces)", errBadKey, i+1)
+		}
+	}
+	return v, nil
+}

@@ -1,0 +1,149 @@
+package router
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/shardgate/shardgate/shardmap"
+)
+
+func TestDecodeTransfer(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		want       TransferInput
+		err        string // substring; empty means success
+	}{
+		{"minimal", `{"src": 8842, "dst": 1190, "amount": 2500}`, TransferInput{Src: 8842, Dst: 1190, Amount: 2500, Currency: "EUR"}, ""},
+		{"all fields", `{"src":1,"dst":2,"amount":3,"currency":"USD","reference":"inv 7"}`, TransferInput{Src: 1, Dst: 2, Amount: 3, Currency: "USD", Reference: "inv 7"}, ""},
+		{"negative accounts", `{"src":-1,"dst":-2,"amount":3}`, TransferInput{Src: -1, Dst: -2, Amount: 3, Currency: "EUR"}, ""},
+		{"max int64", `{"src":9223372036854775807,"dst":2,"amount":9223372036854775807}`, TransferInput{Src: 9223372036854775807, Dst: 2, Amount: 9223372036854775807, Currency: "EUR"}, ""},
+		{"140 chars reference", `{"src":1,"dst":2,"amount":3,"reference":"` + strings.Repeat("ü", 140) + `"}`, TransferInput{Src: 1, Dst: 2, Amount: 3, Currency: "EUR", Reference: strings.Repeat("ü", 140)}, ""},
+		{"empty", ``, TransferInput{}, "not JSON"},
+		{"array", `[1]`, TransferInput{}, "must be a JSON object"},
+		{"truncated", `{"src":1`, TransferInput{}, "not JSON"},
+		{"trailing data", `{"src":1,"dst":2,"amount":3} {}`, TransferInput{}, "unexpected data"},
+		{"unknown field", `{"src":1,"dst":2,"amount":3,"x":1}`, TransferInput{}, `unknown field "x"`},
+		{"duplicate field", `{"src":1,"src":5,"dst":2,"amount":3}`, TransferInput{}, `"src" appears twice`},
+		{"missing amount", `{"src":1,"dst":2}`, TransferInput{}, `"amount" is required`},
+		{"string number", `{"src":"1","dst":2,"amount":3}`, TransferInput{}, `"src" must be an integer, got a string`},
+		{"null", `{"src":null,"dst":2,"amount":3}`, TransferInput{}, "got null"},
+		{"float", `{"src":1,"dst":2,"amount":2.5}`, TransferInput{}, "must be an integer"},
+		{"exponent", `{"src":1,"dst":2,"amount":1e3}`, TransferInput{}, "must be an integer"},
+		{"overflow", `{"src":9223372036854775808,"dst":2,"amount":3}`, TransferInput{}, "between"},
+		{"object value", `{"src":{},"dst":2,"amount":3}`, TransferInput{}, "got an object"},
+		{"zero amount", `{"src":1,"dst":2,"amount":0}`, TransferInput{}, "positive"},
+		{"negative amount", `{"src":1,"dst":2,"amount":-5}`, TransferInput{}, "positive"},
+		{"same accounts", `{"src":1,"dst":1,"amount":5}`, TransferInput{}, "must differ"},
+		{"lower-case currency", `{"src":1,"dst":2,"amount":3,"currency":"eur"}`, TransferInput{}, "ISO 4217"},
+		{"long reference", `{"src":1,"dst":2,"amount":3,"reference":"` + strings.Repeat("x", 141) + `"}`, TransferInput{}, "at most 140"},
+		{"control in reference", `{"src":1,"dst":2,"amount":3,"reference":"a\u0000b"}`, TransferInput{}, "control characters"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := DecodeTransfer(strings.NewReader(tc.body), "EUR")
+			if tc.err == "" {
+				if err != nil || got != tc.want {
+					t.Fatalf("got %+v, %v; want %+v", got, err, tc.want)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.err) || !errors.Is(err, errBadBody) {
+				t.Fatalf("error %v, want one containing %q wrapping errBadBody", err, tc.err)
+			}
+		})
+	}
+}
+
+func TestFingerprintIgnoresFormatting(t *testing.T) {
+	parse := func(body string) TransferInput {
+		in, err := DecodeTransfer(strings.NewReader(body), "EUR")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in
+	}
+	a := Fingerprint("POST", "/transfers", parse(`{"src": 8842, "dst": 1190, "amount": 2500}`))
+	same := []string{
+		`{"amount":2500,"dst":1190,"src":8842}`,
+		"{\n\t\"dst\" : 1190 ,\"src\":8842,\"amount\":2500, \"currency\":\"EUR\"}",
+		`{"src":8842,"dst":1190,"amount":2500,"reference":""}`,
+	}
+	for _, b := range same {
+		if got := Fingerprint("POST", "/transfers", parse(b)); got != a {
+			t.Errorf("%s: fingerprint differs", b)
+		}
+	}
+	different := []string{
+		`{"src":8842,"dst":1190,"amount":2501}`,
+		`{"src":8842,"dst":1191,"amount":2500}`,
+		`{"src":8843,"dst":1190,"amount":2500}`,
+		`{"src":8842,"dst":1190,"amount":2500,"currency":"USD"}`,
+		`{"src":8842,"dst":1190,"amount":2500,"reference":"r"}`,
+	}
+	for _, b := range different {
+		if got := Fingerprint("POST", "/transfers", parse(b)); got == a {
+			t.Errorf("%s: same fingerprint as a different request", b)
+		}
+	}
+	if Fingerprint("POST", "/other", parse(same[0])) == a {
+		t.Error("path is not part of the fingerprint")
+	}
+	if len(a) != 64 {
+		t.Errorf("fingerprint %q is not 64 hex digits", a)
+	}
+}
+
+func TestParseIdempotencyKey(t *testing.T) {
+	for _, tc := range []struct{ in, want, err string }{
+		{"9f1c2d64-0a1e-4f7c-9d2b-3d8e5c1a77f0", "9f1c2d64-0a1e-4f7c-9d2b-3d8e5c1a77f0", ""},
+		{`"9f1c2d64-0a1e-4f7c-9d2b-3d8e5c1a77f0"`, "9f1c2d64-0a1e-4f7c-9d2b-3d8e5c1a77f0", ""},
+		{"  abc\t", "abc", ""},
+		{`"a\"b\\c"`, `a"b\c`, ""},
+		{`ab"c`, `ab"c`, ""},
+		{strings.Repeat("k", 255), strings.Repeat("k", 255), ""},
+		{"", "", "empty"},
+		{`""`, "", "empty"},
+		{strings.Repeat("k", 256), "", "at most 255"},
+		{`"abc`, "", "closing quote"},
+		{`"abc"x`, "", "nothing may follow"},
+		{`"a\x"`, "", "backslash"},
+		{`"a b"`, "", "not visible ASCII"},
+		{"a b", "", "not visible ASCII"},
+		{"clé", "", "not visible ASCII"},
+		{"a\x7f", "", "not visible ASCII"},
+	} {
+		got, err := ParseIdempotencyKey(tc.in)
+		if tc.err == "" {
+			if err != nil || got != tc.want {
+				t.Errorf("%q: got %q, %v; want %q", tc.in, got, err, tc.want)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.err) || !errors.Is(err, errBadKey) {
+			t.Errorf("%q: error %v, want one containing %q", tc.in, err, tc.err)
+		}
+	}
+}
+
+func TestTransferIDRoutesToTheSourceKeyspace(t *testing.T) {
+	ks := shardmap.KeyspaceID(8842)
+	id := TransferID(ks, "payments-api:transfer", "k1")
+	if !strings.HasPrefix(id, "1d65d16c18855fc7") || len(id) != 48 {
+		t.Fatalf("id %q: want 48 hex digits starting with the keyspace id 1d65d16c18855fc7", id)
+	}
+	got, ok := parseTransferID(id)
+	if !ok || got != ks {
+		t.Fatalf("parseTransferID(%q) = %x, %v", id, got, ok)
+	}
+	if TransferID(ks, "payments-api:transfer", "k1") != id {
+		t.Error("TransferID is not deterministic")
+	}
+	if TransferID(ks, "other-client:transfer", "k1") == id || TransferID(ks, "payments-api:transfer", "k2") == id {
+		t.Error("different scope or key gave the same id")
+	}
+	for _, bad := range []string{"", id[:47], id + "0", strings.ToUpper(id), "zz" + id[2:]} {
+		if _, ok := parseTransferID(bad); ok {
+			t.Errorf("parseTransferID(%q) accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,458 @@
+// Package router is shardgate's HTTP layer: it authenticates the client, validates the
+// request, routes it by its source account to the owning shard and answers from what the shard
+// decided (applied, replayed, in progress, key reused, expired, unavailable).
+package router
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/shardgate/shardgate/config"
+	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/shardmap"
+)
+
+// operation is the idempotency scope's operation part: scope = client + ":" + operation.
+const operation = "transfer"
+
+// Server serves shardgate's HTTP API over the current Topology.
+type Server struct {
+	cfg      *config.Config
+	log      *slog.Logger
+	topo     atomic.Pointer[Topology]
+	metrics  *metrics
+	mux      *http.ServeMux // the API, and the admin endpoints unless they have their own listener
+	admin    http.Handler
+	reloadMu sync.Mutex
+}
+
+// New builds a Server serving topo. Metrics are registered on reg and served from it.
+func New(cfg *config.Config, topo *Topology, log *slog.Logger, reg *prometheus.Registry) *Server {
+	s := &Server{cfg: cfg, log: log, mux: http.NewServeMux()}
+	s.topo.Store(topo)
+	s.metrics = newMetrics(reg, &s.topo)
+	s.mux.HandleFunc("POST /transfers", s.postTransfer)
+	s.mux.HandleFunc("GET /transfers/{id}", s.getTransfer)
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.HandleFunc("GET /readyz", s.readyz)
+
+	admin := http.NewServeMux()
+	admin.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	admin.HandleFunc("GET /admin/shardmap", s.adminShardmap)
+	admin.HandleFunc("GET /admin/route", s.adminRoute)
+	s.admin = admin
+	if want := cfg.Admin.TokenSHA256; want != nil {
+		s.admin = requireToken(*want, admin)
+	}
+	if cfg.Admin.Listen == "" {
+		s.mux.Handle("GET /metrics", s.admin)
+		s.mux.Handle("GET /admin/", s.admin)
+	}
+	return s
+}
+
+// AdminHandler serves /metrics and /admin/*, for the admin listener (config admin.listen).
+func (s *Server) AdminHandler() http.Handler { return s.admin }
+
+// requireToken lets through only requests bearing the token whose SHA-256 is want.
+func requireToken(want [32]byte, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		sum := sha256.Sum256([]byte(token))
+		if !ok || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="shardgate-admin"`)
+			writeProblem(w, probUnauthorized, "admin endpoints need Authorization: Bearer <admin token>", 0)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Topology returns the topology requests are routed with now.
+func (s *Server) Topology() *Topology { return s.topo.Load() }
+
+// holdTopology returns the current topology, held: its pools stay open until release.
+func (s *Server) holdTopology() *Topology {
+	for {
+		if t := s.topo.Load(); t.hold() {
+			return t
+		}
+	}
+}
+
+// SetTopology swaps in t for new requests and returns the previous one, which requests already
+// routed keep using until they finish.
+func (s *Server) SetTopology(t *Topology) *Topology { return s.topo.Swap(t) }
+
+var _ http.Handler = (*Server)(nil)
+
+// authenticate returns the client's name. Every configured hash is compared, in constant time,
+// so the time taken does not reveal which client or how much of a token matched.
+func (s *Server) authenticate(r *http.Request) (string, bool) {
+	if s.cfg.Auth.Mode == "none" {
+		return config.AnonymousClient, true
+	}
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || token == "" {
+		return "", false
+	}
+	sum := sha256.Sum256([]byte(token))
+	match := -1
+	for i := range s.cfg.Auth.Clients {
+		if subtle.ConstantTimeCompare(sum[:], s.cfg.Auth.Clients[i].TokenSHA256[:]) == 1 {
+			match = i
+		}
+	}
+	if match < 0 {
+		return "", false
+	}
+	return s.cfg.Auth.Clients[match].Name, true
+}
+
+// transferView is the JSON body describing a transfer.
+type transferView struct {
+	ID        string `json:"id"`
+	Src       int64  `json:"src"`
+	Dst       int64  `json:"dst"`
+	Amount    int64  `json:"amount"`
+	Currency  string `json:"currency"`
+	Reference string `json:"reference,omitempty"`
+	CreatedAt string `json:"created_at,omitempty"`
+}
+
+// TransferID derives a transfer's id from its keyspace id and idempotency scope and key: the
+// first 16 hex digits route GET /transfers/{id} to the owning shard, the rest are 128 bits of
+// SHA-256 over scope and key. Being derived, the same key always gives the same id, and the
+// ledger's unique (transfer_id, kind) makes a second debit for one key impossible even after the
+// key's idempotency record has expired.
+func TransferID(keyspaceID uint64, scope, key string) string {
+	h := sha256.Sum256([]byte(scope + "\n" + key))
+	return fmt.Sprintf("%016x%s", keyspaceID, hex.EncodeToString(h[:16]))
+}
+
+// parseTransferID returns the keyspace id an id routes by.
+func parseTransferID(id string) (uint64, bool) {
+	if len(id) != 48 {
+		return 0, false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return 0, false
+		}
+	}
+	ks, err := strconv.ParseUint(id[:16], 16, 64)
+	return ks, err == nil
+}
+
+func (s *Server) postTransfer(w http.ResponseWriter, r *http.Request) {
+	reject := func(pt problemType, detail string) {
+		s.metrics.transfers.WithLabelValues(outRejected, "").Inc()
+		writeProblem(w, pt, detail, 0)
+	}
+	client, ok := s.authenticate(r)
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="shardgate"`)
+		reject(probUnauthorized, "send Authorization: Bearer <token> with a token configured for your client")
+		return
+	}
+	keys := r.Header.Values("Idempotency-Key")
+	if len(keys) == 0 {
+		reject(probMissingKey, "send an Idempotency-Key header generated once per operation and reused on every retry")
+		return
+	}
+	if len(keys) > 1 {
+		reject(probInvalidKey, "send exactly one Idempotency-Key header")
+		return
+	}
+	key, err := ParseIdempotencyKey(keys[0])
+	if err != nil {
+		reject(probInvalidKey, err.Error())
+		return
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			reject(probMediaType, "send Content-Type: application/json")
+			return
+		}
+	}
+	in, err := DecodeTransfer(http.MaxBytesReader(w, r.Body, s.cfg.Transfers.MaxBodyBytes), s.cfg.Transfers.DefaultCurrency)
+	if err != nil {
+		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+			reject(probTooLarge, fmt.Sprintf("the body may be at most %d bytes", mbe.Limit))
+			return
+		}
+		reject(probInvalidBody, err.Error())
+		return
+	}
+
+	scope := client + ":" + operation
+	ksid := shardmap.KeyspaceID(in.Src)
+	id := TransferID(ksid, scope, key)
+	body, _ := json.Marshal(transferView{ID: id, Src: in.Src, Dst: in.Dst, Amount: in.Amount, Currency: in.Currency, Reference: in.Reference})
+	req := idem.TransferRequest{
+		Scope: scope, Key: key, RequestHash: Fingerprint(r.Method, r.URL.Path, in),
+		KeyspaceID: ksid, TransferID: id, Client: client,
+		Src: in.Src, Dst: in.Dst, Amount: in.Amount, Currency: in.Currency, Reference: in.Reference,
+		Response: idem.Response{
+			Status:  http.StatusCreated,
+			Headers: map[string]string{"Content-Type": "application/json", "Location": "/transfers/" + id},
+			Body:    string(body) + "\n",
+		},
+	}
+
+	// The transfer runs to its end even if the client hangs up: the outcome is then stored for the
+	// retry to replay, instead of being cut off at an unknown point.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.ShardPool.RequestTimeout)
+	defer cancel()
+	topo := s.holdTopology()
+	defer topo.release()
+	shard, res, err := s.transferOn(ctx, topo, req)
+	if err == nil && res.Outcome == idem.NotOwner && res.ShardMapVersion > topo.Map.Version {
+		// This router's map is older than the shard's: reload, and route once more on the new map.
+		// The shard's ownership check is what keeps a stale router from applying anywhere.
+		if s.reloadAtLeast(res.ShardMapVersion) {
+			topo = s.holdTopology()
+			defer topo.release()
+			shard, res, err = s.transferOn(ctx, topo, req)
+		}
+	}
+	s.metrics.transfers.WithLabelValues(s.answer(w, shard, topo.Map.Version, res, err), shard).Inc()
+}
+
+// transferOn runs req on the shard that owns it in topo and records the shard's latency.
+func (s *Server) transferOn(ctx context.Context, topo *Topology, req idem.TransferRequest) (string, idem.TransferResult, error) {
+	shard, _ := topo.Map.ShardFor(req.KeyspaceID)
+	conn := topo.shards[shard.Name]
+	if err := conn.enter(); err != nil {
+		return shard.Name, idem.TransferResult{}, err
+	}
+	defer conn.leave()
+	start := time.Now()
+	res, err := idem.Transfer(ctx, conn.pool, req)
+	outcome := string(res.Outcome)
+	if err != nil {
+		outcome = "error"
+	}
+	s.metrics.shardTime.WithLabelValues(shard.Name, outcome).Observe(time.Since(start).Seconds())
+	return shard.Name, res, err
+}
+
+// reloadAtLeast reloads the shard map unless another request already did, and reports whether
+// the serving version is now at least version.
+func (s *Server) reloadAtLeast(version int64) bool {
+	if s.topo.Load().Map.Version < version {
+		s.Reload(s.cfg.ShardmapPath) //nolint:errcheck // Reload logs and counts its result
+	}
+	return s.topo.Load().Map.Version >= version
+}
+
+// answer writes the response for a shard's result and returns the outcome label.
+func (s *Server) answer(w http.ResponseWriter, shard string, version int64, res idem.TransferResult, err error) string {
+	if err != nil {
+		return s.shardFailure(w, shard, err)
+	}
+	switch res.Outcome {
+	case idem.Applied:
+		writeStored(w, res.Response, false)
+		return outApplied
+	case idem.Replayed:
+		writeStored(w, res.Response, true)
+		return outReplayed
+	case idem.InProgress:
+		writeProblem(w, probInProgress, "the first attempt with this key has not finished; retry after the indicated delay", s.cfg.Idempotency.InProgressRetryAfter)
+		return outInProgress
+	case idem.KeyReused:
+		writeProblem(w, probKeyReused, "this Idempotency-Key was first used with a different request body; generate a new key for a new operation", 0)
+		return outKeyReused
+	case idem.Expired:
+		writeProblem(w, probKeyExpired, "this key's transfer was applied earlier and its idempotency record has expired; it will not be applied again", 0)
+		return outKeyExpired
+	case idem.NotOwner:
+		s.log.Warn("shard refused a key range it does not own", "shard", shard, "router_map_version", version, "shard_map_version", res.ShardMapVersion)
+		writeProblem(w, probStaleMap, "the owning shard is changing; retry with the same Idempotency-Key", s.cfg.ShardPool.RetryAfter)
+		return outNotOwner
+	}
+	s.log.Error("unexpected transfer outcome", "shard", shard, "outcome", string(res.Outcome))
+	writeProblem(w, probInternal, "", 0)
+	return outError
+}
+
+// shardFailure answers a transfer whose shard call failed. The outcome on the shard is unknown
+// (it may even have committed just before a connection broke), so the answer is always a
+// retryable 503: a retry with the same key then replays or applies exactly once.
+func (s *Server) shardFailure(w http.ResponseWriter, shard string, err error) string {
+	if errors.Is(err, errShardBusy) {
+		writeProblem(w, probShardBusy, "retry with the same Idempotency-Key", s.cfg.ShardPool.RetryAfter)
+		return outShardBusy
+	}
+	if errors.Is(err, idem.ErrNoPartition) {
+		s.log.Error("idempotency partition missing; transfers on this shard are refused until `router maintain` runs", "shard", shard, "err", err)
+		writeProblem(w, probStorageNotReady, "retry with the same Idempotency-Key", s.cfg.ShardPool.RetryAfter)
+		return outShardUnavailable
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && !retryableSQLState(pgErr.Code) {
+		s.log.Error("transfer failed on shard", "shard", shard, "sqlstate", pgErr.Code, "err", err)
+		writeProblem(w, probInternal, "the transfer was not applied", 0)
+		return outError
+	}
+	s.log.Warn("shard unavailable", "shard", shard, "err", err)
+	writeProblem(w, probShardUnavailable, "retry with the same Idempotency-Key", s.cfg.ShardPool.RetryAfter)
+	return outShardUnavailable
+}
+
+// retryableSQLState reports server errors that say "not now" rather than "never": connection
+// exceptions, transaction rollbacks (serialization, deadlock), insufficient resources, operator
+// intervention (shutdown, cancel) and system errors.
+func retryableSQLState(code string) bool {
+	switch code[:2] {
+	case "08", "40", "53", "57", "58":
+		return true
+	}
+	return false
+}
+
+// writeStored writes a response exactly as stored; a replay adds Idempotent-Replayed: true.
+func writeStored(w http.ResponseWriter, resp idem.Response, replayed bool) {
+	h := w.Header()
+	for k, v := range resp.Headers {
+		h.Set(k, v)
+	}
+	if replayed {
+		h.Set("Idempotent-Replayed", "true")
+	}
+	w.WriteHeader(resp.Status)
+	w.Write([]byte(resp.Body)) //nolint:errcheck // the client went away; the stored response awaits its retry
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, _ := json.Marshal(v)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(body, '\n')) //nolint:errcheck // the client went away
+}
+
+func (s *Server) getTransfer(w http.ResponseWriter, r *http.Request) {
+	client, ok := s.authenticate(r)
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="shardgate"`)
+		writeProblem(w, probUnauthorized, "send Authorization: Bearer <token> with a token configured for your client", 0)
+		return
+	}
+	id := r.PathValue("id")
+	ksid, ok := parseTransferID(id)
+	if !ok {
+		writeProblem(w, probInvalidID, "a transfer id is 48 lower-case hex digits, as returned in Location", 0)
+		return
+	}
+	topo := s.holdTopology()
+	defer topo.release()
+	shard, _ := topo.Map.ShardFor(ksid)
+	conn := topo.shards[shard.Name]
+	if err := conn.enter(); err != nil {
+		writeProblem(w, probShardBusy, "", s.cfg.ShardPool.RetryAfter)
+		return
+	}
+	defer conn.leave()
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ShardPool.RequestTimeout)
+	defer cancel()
+	t, err := idem.GetTransfer(ctx, conn.pool, id, client)
+	switch {
+	case errors.Is(err, idem.ErrNotFound):
+		writeProblem(w, probNotFound, "", 0)
+	case err != nil:
+		s.log.Warn("shard unavailable", "shard", shard.Name, "err", err)
+		writeProblem(w, probShardUnavailable, "", s.cfg.ShardPool.RetryAfter)
+	default:
+		writeJSON(w, http.StatusOK, transferView{ID: t.TransferID, Src: t.Src, Dst: t.Dst, Amount: t.Amount,
+			Currency: t.Currency, Reference: t.Reference, CreatedAt: t.CreatedAt.UTC().Format(time.RFC3339Nano)})
+	}
+}
+
+// readyz is ready when a map is loaded and every shard answers within a second.
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	topo := s.holdTopology()
+	defer topo.release()
+	ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+	defer cancel()
+	status := make(map[string]string, len(topo.Map.Shards))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, sh := range topo.Map.Shards {
+		wg.Go(func() {
+			res := "ok"
+			if err := topo.Pool(sh.Name).Ping(ctx); err != nil {
+				res = "unreachable"
+			}
+			mu.Lock()
+			status[sh.Name] = res
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	code := http.StatusOK
+	for _, v := range status {
+		if v != "ok" {
+			code = http.StatusServiceUnavailable
+		}
+	}
+	writeJSON(w, code, map[string]any{"shardmap_version": topo.Map.Version, "shards": status})
+}
+
+func (s *Server) adminShardmap(w http.ResponseWriter, _ *http.Request) {
+	type shardView struct {
+		Name   string   `json:"name"`
+		DSN    string   `json:"dsn"`
+		Ranges []string `json:"ranges"`
+	}
+	m := s.topo.Load().Map
+	out := struct {
+		Version int64       `json:"version"`
+		Shards  []shardView `json:"shards"`
+	}{Version: m.Version}
+	for _, sh := range m.Shards {
+		v := shardView{Name: sh.Name, DSN: sh.RedactedDSN()}
+		for _, kr := range sh.Ranges {
+			v.Ranges = append(v.Ranges, kr.String())
+		}
+		out.Shards = append(out.Shards, v)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) adminRoute(w http.ResponseWriter, r *http.Request) {
+	acct, err := strconv.ParseInt(r.URL.Query().Get("account"), 10, 64)
+	if err != nil {
+		writeProblem(w, probInvalidAccount, "pass ?account=N with N a 64-bit signed integer", 0)
+		return
+	}
+	m := s.topo.Load().Map
+	rt := m.Route(acct)
+	writeJSON(w, http.StatusOK, map[string]any{
+		"account": rt.Account, "keyspace_id": fmt.Sprintf("%016x", rt.KeyspaceID),
+		"range": rt.Range.String(), "shard": rt.Shard, "shardmap_version": m.Version,
+	})
+}
