@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/shardgate/shardgate/config"
+	"github.com/shardgate/shardgate/shardmap"
+)
+
+// certificate issues a certificate for name signed by parent (self-signed when parent is nil).
+func certificate(t *testing.T, name string, parent *tls.Certificate, isCA bool) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(time.Now().UnixNano()),
+		Subject:               pkix.Name{CommonName: name},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  isCA,
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
+		BasicConstraintsValid: true,
+	}
+	signer, signerKey := tmpl, any(key)
+	if parent != nil {
+		signer, signerKey = parent.Leaf, parent.PrivateKey
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
+}
+
+func writePEM(t *testing.T, path, typ string, der []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// With tls.client_ca_file set, the API is served only to clients presenting a certificate that
+// CA signed.
+func TestServeRequiresClientCertificate(t *testing.T) {
+	dir := t.TempDir()
+	ca := certificate(t, "shardgate test CA", nil, true)
+	server := certificate(t, "127.0.0.1", &ca, false)
+	client := certificate(t, "payments-api", &ca, false)
+	stranger := certificate(t, "stranger", nil, false)
+	writePEM(t, filepath.Join(dir, "ca.pem"), "CERTIFICATE", ca.Certificate[0])
+	writePEM(t, filepath.Join(dir, "server.pem"), "CERTIFICATE", server.Certificate[0])
+	keyDER, err := x509.MarshalECPrivateKey(server.PrivateKey.(*ecdsa.PrivateKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writePEM(t, filepath.Join(dir, "server-key.pem"), "EC PRIVATE KEY", keyDER)
+
+	cfg, err := config.Parse(filepath.Join(dir, "router.yaml"), []byte(`auth:
+  mode: none
+tls:
+  cert_file: server.pem
+  key_file: server-key.pem
+  client_ca_file: ca.pem
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := shardmap.Parse("shardmap.yaml", []byte("version: 1\nshards:\n  - name: s\n    dsn: postgres://u@127.0.0.1:1/db\n    ranges: [\"-\"]\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serveOn(ctx, ln, cfg, m, slog.New(slog.NewTextHandler(io.Discard, nil)), nil) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}()
+
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Leaf)
+	get := func(certs ...tls.Certificate) (int, error) {
+		c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, Certificates: certs}}}
+		resp, err := c.Get("https://" + ln.Addr().String() + "/healthz")
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	if code, err := get(client); err != nil || code != http.StatusOK {
+		t.Errorf("client with a CA-signed certificate: %d, %v; want 200", code, err)
+	}
+	if _, err := get(); err == nil {
+		t.Error("client without a certificate was served")
+	}
+	if _, err := get(stranger); err == nil {
+		t.Error("client with a certificate from another CA was served")
+	}
+}
