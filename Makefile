@@ -2,10 +2,12 @@
 GO ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test deps lint unit bench build run
+FUZZTIME ?= 10s
 
-## test: every check CI runs (lint, unit and integration tests with -race, the benchmark smoke run)
-test: deps lint unit bench-smoke
+.PHONY: test deps lint unit fuzz bench bench-smoke build run
+
+## test: every check CI runs (lint, unit and integration tests with -race, fuzzing, the benchmark smoke run)
+test: deps lint unit fuzz bench-smoke
 
 deps:
 	./scripts/ensure-deps.sh
@@ -17,6 +19,13 @@ lint:
 
 unit:
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+## fuzz: each fuzz target for FUZZTIME (go test runs one -fuzz target per invocation)
+fuzz:
+	$(GO) test ./router -run '^$$' -fuzz '^FuzzDecodeTransfer$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./router -run '^$$' -fuzz '^FuzzParseIdempotencyKey$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./router -run '^$$' -fuzz '^FuzzPostTransfer$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./shardmap -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME)
 
 ## bench: router vs pgbench, side by side (see README "Performance")
 bench: deps
