@@ -52,15 +52,7 @@ func TestSaturatedShardIs503AndRecovers(t *testing.T) {
 		c.ShardPool.MaxConns = 1
 		c.ShardPool.MaxWaiting = 0
 	})
-	ctx := context.Background()
-	blocker, err := env.pools[shard].Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blocker.Rollback(ctx) //nolint:errcheck
-	if _, err := blocker.Exec(ctx, "LOCK TABLE ledger_entries IN EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	release := holdLedger(t, shard)
 	held := make(chan reply, 1)
 	go func() {
 		held <- doAt(t, base, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": newKey()}, transferBody(src, 1, 1))
@@ -75,9 +67,7 @@ func TestSaturatedShardIs503AndRecovers(t *testing.T) {
 	if r.status != http.StatusServiceUnavailable || r.problemType() != "shard-busy" || r.header.Get("Retry-After") == "" {
 		t.Errorf("saturated: %d %v %s, want 503 shard-busy with Retry-After", r.status, r.header, r.body)
 	}
-	if err := blocker.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	if first := <-held; first.status != http.StatusCreated {
 		t.Errorf("the request holding the shard: %d %s", first.status, first.body)
 	}

@@ -164,15 +164,7 @@ func TestInFlightDuplicateIs409Promptly(t *testing.T) {
 	body := transferBody(src, 6002, 700)
 
 	// Hold the first attempt: it blocks on the ledger insert while holding its key's locks.
-	ctx := context.Background()
-	blocker, err := env.pools[shard].Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blocker.Rollback(ctx) //nolint:errcheck
-	if _, err := blocker.Exec(ctx, "LOCK TABLE ledger_entries IN EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	release := holdLedger(t, shard)
 	firstDone := make(chan reply, 1)
 	go func() { firstDone <- post(t, key, body) }()
 	waitFor(t, func() bool { return lockWaiters(t, shard) > 0 })
@@ -190,9 +182,7 @@ func TestInFlightDuplicateIs409Promptly(t *testing.T) {
 		t.Errorf("different request while in flight: %d %s, want 422", diff.status, diff.body)
 	}
 
-	if err := blocker.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	first := <-firstDone
 	if first.status != http.StatusCreated {
 		t.Fatalf("first attempt: %d %s", first.status, first.body)
@@ -206,6 +196,26 @@ func TestInFlightDuplicateIs409Promptly(t *testing.T) {
 	}
 }
 
+// holdLedger locks shard's ledger against writes until release is called (or the test ends):
+// a transfer reaching its debit then waits there, holding its key's locks.
+func holdLedger(t testing.TB, shard string) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := env.pools[shard].Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE ledger_entries IN EXCLUSIVE MODE"); err != nil {
+		tx.Rollback(ctx) //nolint:errcheck
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { tx.Rollback(ctx) }) } //nolint:errcheck // rollback only ends the hold
+	t.Cleanup(release)
+	return release
+}
+
+// lockWaiters counts transfers on shard waiting for a lock.
 func lockWaiters(t testing.TB, shard string) int {
 	var n int
 	if err := env.pools[shard].QueryRow(context.Background(),
