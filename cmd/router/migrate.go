@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -63,25 +62,58 @@ func maintainOnce(ctx context.Context, cfg *config.Config, m *shardmap.Map, out 
 	return upkeep(ctx, cfg, m, topo.Pool, out)
 }
 
-// upkeep keeps the current and the configured number of future partitions ready on every
-// shard. It reports each shard's result and fails if any shard failed.
-func upkeep(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(string) *pgxpool.Pool, out io.Writer) error {
-	var failed []string
+// upkeep runs one pass of partition upkeep (idem.Upkeep) on every shard: it keeps the current
+// and partitions_ahead future partitions ready, and detaches and drops partitions whose whole
+// range is older than retention. It prints what it created and dropped per shard, records each
+// result in stats when given (serve passes its metrics collector), and fails if any shard
+// failed. A shard where another router's upkeep is running is skipped, which is no failure.
+func upkeep(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(string) *pgxpool.Pool, out io.Writer, stats ...*idem.UpkeepCollector) error {
+	opts := idem.UpkeepOptions{
+		Interval:  cfg.Idempotency.PartitionInterval,
+		Ahead:     cfg.Idempotency.PartitionsAhead,
+		Retention: cfg.Idempotency.Retention,
+	}
+	var failed, names []string
 	for _, s := range m.Shards {
-		created, err := idem.EnsurePartitions(ctx, pool(s.Name), cfg.Idempotency.PartitionInterval, time.Now(), cfg.Idempotency.PartitionsAhead)
+		names = append(names, s.Name)
+		rep, err := idem.Upkeep(ctx, pool(s.Name), opts)
+		for _, st := range stats {
+			st.Record(s.Name, rep, err)
+		}
+		fmt.Fprintf(out, "shard %s: %s\n", s.Name, describeUpkeep(rep, err))
 		if err != nil {
-			fmt.Fprintf(out, "shard %s: partition upkeep failed: %v\n", s.Name, err)
 			failed = append(failed, s.Name)
-			continue
 		}
-		if len(created) == 0 {
-			fmt.Fprintf(out, "shard %s: partitions ready, none created\n", s.Name)
-		} else {
-			fmt.Fprintf(out, "shard %s: created %s\n", s.Name, strings.Join(created, ", "))
-		}
+	}
+	for _, st := range stats {
+		st.Retain(names)
 	}
 	if len(failed) > 0 {
 		return fmt.Errorf("partition upkeep failed on %s", strings.Join(failed, ", "))
 	}
 	return nil
+}
+
+// describeUpkeep is one shard's line of upkeep's report.
+func describeUpkeep(rep idem.UpkeepReport, err error) string {
+	var parts []string
+	for _, did := range []struct {
+		verb  string
+		names []string
+	}{{"created", rep.Created}, {"attached again", rep.Reattached}, {"dropped", rep.Dropped}} {
+		if len(did.names) > 0 {
+			parts = append(parts, did.verb+" "+strings.Join(did.names, ", "))
+		}
+	}
+	switch {
+	case err != nil && len(parts) > 0:
+		return fmt.Sprintf("partition upkeep failed after it %s: %v", strings.Join(parts, "; "), err)
+	case err != nil:
+		return fmt.Sprintf("partition upkeep failed: %v", err)
+	case rep.Skipped:
+		return "partition upkeep skipped: another router is running it on this shard"
+	case len(parts) == 0:
+		return "partitions ready, none created or dropped"
+	}
+	return strings.Join(parts, "; ")
 }

@@ -65,9 +65,9 @@ func serveOn(ctx context.Context, ln net.Listener, cfg *config.Config, m *shardm
 	bg, stopBG := context.WithCancel(context.Background())
 	defer stopBG()
 	go watchMap(bg, cfg.ShardmapPath, trigger)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
-		hup := make(chan os.Signal, 1)
-		signal.Notify(hup, syscall.SIGHUP)
 		defer signal.Stop(hup)
 		for {
 			select {

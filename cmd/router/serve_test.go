@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"io"
 	"log/slog"
@@ -16,6 +17,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -127,4 +130,88 @@ tls:
 	if _, err := get(stranger); err == nil {
 		t.Error("client with a certificate from another CA was served")
 	}
+}
+
+// serve reloads the shard map when the file changes and on SIGHUP, and keeps serving the old
+// map when the new one is invalid.
+func TestServeReloadsOnFileChangeAndSIGHUP(t *testing.T) {
+	dir := t.TempDir()
+	mapPath := filepath.Join(dir, "shardmap.yaml")
+	writeMap := func(version int, ranges string) {
+		t.Helper()
+		body := "version: " + strconv.Itoa(version) + "\nshards:\n  - name: s\n    dsn: postgres://u@127.0.0.1:1/db\n    ranges: [" + ranges + "]\n"
+		if err := os.WriteFile(mapPath+".tmp", []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(mapPath+".tmp", mapPath); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeMap(1, `"-"`)
+	cfg, err := config.Parse(filepath.Join(dir, "router.yaml"), []byte("auth:\n  mode: none\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := shardmap.Load(mapPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	ready := make(chan struct{})
+	go func() {
+		done <- serveOn(ctx, ln, cfg, m, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string) { close(ready) })
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	<-ready
+	version := func() int64 {
+		resp, err := http.Get("http://" + ln.Addr().String() + "/admin/shardmap")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var v struct{ Version int64 }
+		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v.Version
+	}
+	waitVersion := func(want int64) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for version() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("serving version %d, want %d", version(), want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	writeMap(2, `"-"`) // the file watch sees it
+	waitVersion(2)
+	writeMap(3, `"-80"`) // invalid: a gap; refused, version 2 keeps serving
+	time.Sleep(3 * mapPollInterval)
+	if v := version(); v != 2 {
+		t.Fatalf("after an invalid map: serving version %d, want 2", v)
+	}
+	// SIGHUP reloads too: a fix the file watch cannot see (same size, modification time put back)
+	// is picked up only by the signal.
+	st, err := os.Stat(mapPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeMap(4, `"-"  `)
+	if err := os.Chtimes(mapPath, st.ModTime(), st.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitVersion(4)
 }
