@@ -1,16 +1,19 @@
-// Package bench measures what the router costs on top of its shard: in one run on one machine
+// Package bench measures what the router costs on top of its shard. In one run on one machine
 // it alternates pgbench, executing the statement the router sends (testdata/*.sql), with the
 // router serving POST /transfers over real HTTP/TCP to an in-process load generator, at the same
 // concurrency against the same durable PostgreSQL, and reports transfers per second of both and
-// their ratio, for new keys and for replays.
+// their ratio, for new keys and for replays:
 //
-//	go test ./test/bench -run '^$' -bench . -benchtime 1x [-args -bench.duration 10s -bench.clients 8]
+//	go test ./test/bench -run '^$' -bench . -benchtime 1x
+//	go test ./test/bench -run '^$' -bench . -benchtime 1x -args -bench.duration 3s -bench.clients 16 -bench.rounds 3
 //
-// Phases run in the order pgbench new keys, router new keys, pgbench replays, router replays, so
-// both sides see the same machine. Absolute numbers depend on the machine and on whatever else
-// runs on it; the ratios are the result. Nothing here asserts a throughput: a timed assertion
-// would flake. Each phase is checked for correctness instead: every new-key request applied
-// exactly one transfer and every replay applied none.
+// A round is four phases: pgbench on new keys, the router on new keys, pgbench replaying keys it
+// created, the router replaying keys it created; odd rounds run the router before pgbench. The
+// defaults (2 rounds of 5 s phases, 8 clients) give each side 10 s per workload and take under a
+// minute. Absolute numbers depend on the machine and on whatever else runs on it; the ratios are
+// the result. Nothing here asserts a throughput, since a timed assertion would flake. Each phase
+// is checked for correctness instead: every new-key request applied exactly one transfer and
+// every replay applied none.
 package bench
 
 import (
@@ -20,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -32,6 +36,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -43,17 +48,23 @@ import (
 )
 
 var (
-	flagDuration = flag.Duration("bench.duration", 10*time.Second,
-		"length of each of the four measured phases, whole seconds (default from $"+envDuration+")")
+	flagDuration = flag.Duration("bench.duration", 5*time.Second,
+		"length of each phase, whole seconds (default from $"+envDuration+")")
 	flagClients = flag.Int("bench.clients", 8,
 		"concurrency: pgbench clients and threads, and load generator workers (default from $"+envClients+")")
+	flagRounds = flag.Int("bench.rounds", 2,
+		"how many times the four phases run; odd rounds run the router before pgbench (default from $"+envRounds+")")
 )
 
 const (
 	envDuration = "SHARDGATE_BENCH_DURATION"
 	envClients  = "SHARDGATE_BENCH_CLIENTS"
+	envRounds   = "SHARDGATE_BENCH_ROUNDS"
 	// maxClients keeps a client id within the 1024 that transfer_new.sql's keys encode.
 	maxClients = 500
+	// maxRounds keeps the counters of transfer_new.sql, roundStride apart, within permute's 2^40.
+	maxRounds   = 100
+	roundStride = 1 << 24
 	// warmup is how long the router runs before the measured phases, so that its shard
 	// connections are open and its statement prepared, as pgbench's are when it starts timing.
 	warmup = time.Second
@@ -64,8 +75,9 @@ const (
 
 // settings are the benchmark's parameters after flags and environment.
 type settings struct {
-	duration time.Duration
+	duration time.Duration // of one phase
 	clients  int
+	rounds   int
 }
 
 // loadSettings takes each parameter from its flag if given, else from the environment, else
@@ -73,7 +85,7 @@ type settings struct {
 func loadSettings() (settings, error) {
 	given := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	s := settings{duration: *flagDuration, clients: *flagClients}
+	s := settings{duration: *flagDuration, clients: *flagClients, rounds: *flagRounds}
 	if v := os.Getenv(envDuration); v != "" && !given["bench.duration"] {
 		d, err := time.ParseDuration(v)
 		if err != nil {
@@ -81,12 +93,17 @@ func loadSettings() (settings, error) {
 		}
 		s.duration = d
 	}
-	if v := os.Getenv(envClients); v != "" && !given["bench.clients"] {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return s, fmt.Errorf("$%s=%q is not a whole number", envClients, v)
+	for _, e := range []struct {
+		env, flag string
+		dst       *int
+	}{{envClients, "bench.clients", &s.clients}, {envRounds, "bench.rounds", &s.rounds}} {
+		if v := os.Getenv(e.env); v != "" && !given[e.flag] {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return s, fmt.Errorf("$%s=%q is not a whole number", e.env, v)
+			}
+			*e.dst = n
 		}
-		s.clients = n
 	}
 	if s.duration < time.Second || s.duration%time.Second != 0 {
 		return s, fmt.Errorf("phase duration %v must be a whole number of seconds, at least 1s: pgbench -T takes seconds", s.duration)
@@ -94,26 +111,83 @@ func loadSettings() (settings, error) {
 	if s.clients < 1 || s.clients > maxClients {
 		return s, fmt.Errorf("clients %d must be between 1 and %d", s.clients, maxClients)
 	}
+	if s.rounds < 1 || s.rounds > maxRounds {
+		return s, fmt.Errorf("rounds %d must be between 1 and %d", s.rounds, maxRounds)
+	}
 	return s, nil
 }
 
-// measurement is one phase's result.
+// workload is what the requests do: apply new transfers, or replay applied ones.
+type workload int
+
+const (
+	newKeys workload = iota
+	replays
+)
+
+func (w workload) String() string { return [...]string{"new keys", "replays"}[w] }
+
+// side is who sends the statements: pgbench directly, or the router for the load generator.
+type side int
+
+const (
+	pgbenchSide side = iota
+	routerSide
+)
+
+func (s side) String() string { return [...]string{"pgbench", "router"}[s] }
+
+// measurement is what one side did in one or more phases of one workload.
 type measurement struct {
 	txns      int64
-	tps       float64
+	elapsed   time.Duration // pgbench's excludes connecting, as its tps does
 	clientCPU time.Duration // the pgbench process, or this process (router and load generator)
-	pgCPU     time.Duration // every PostgreSQL process
+	pgCPU     time.Duration // every PostgreSQL process; negative if unknown
+	latency   time.Duration // summed over the transactions, as their sender saw it
+	// shardTime and shardCalls are the router's own measure of its shard calls, from its
+	// shardgate_shard_request_duration_seconds histogram; shardCalls is 0 for pgbench.
+	shardTime  time.Duration
+	shardCalls uint64
+	phaseTPS   []float64 // of each phase added
 }
 
-func (m measurement) cpuPerTxn(d time.Duration) string {
-	if m.txns == 0 || d < 0 {
+func (m measurement) tps() float64 { return float64(m.txns) / m.elapsed.Seconds() }
+
+func (m *measurement) add(o measurement) {
+	m.phaseTPS = append(m.phaseTPS, o.tps())
+	m.txns += o.txns
+	m.elapsed += o.elapsed
+	m.clientCPU += o.clientCPU
+	m.latency += o.latency
+	m.shardTime += o.shardTime
+	m.shardCalls += o.shardCalls
+	if m.pgCPU < 0 || o.pgCPU < 0 {
+		m.pgCPU = -1
+	} else {
+		m.pgCPU += o.pgCPU
+	}
+}
+
+// perTxn formats CPU time per transaction in microseconds.
+func (m measurement) perTxn(cpu time.Duration) string {
+	if m.txns == 0 || cpu < 0 {
 		return "n/a"
 	}
-	return fmt.Sprintf("%.0f", float64(d.Microseconds())/float64(m.txns))
+	return fmt.Sprintf("%.0f", float64(cpu.Microseconds())/float64(m.txns))
 }
 
-// BenchmarkRouterVsPgbench runs the four phases once, whatever b.N is: each phase is timed by
-// its duration, not by a number of iterations.
+// meanLatency formats the mean of total over n in milliseconds.
+func meanLatency(total time.Duration, n uint64) string {
+	if n == 0 || total <= 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f", float64(total)/float64(n)/float64(time.Millisecond))
+}
+
+// BenchmarkRouterVsPgbench runs its phases once, whatever b.N is: each phase is timed by its
+// duration, not by a number of iterations. Every round runs pgbench and the router on new keys,
+// then on replays; odd rounds run the router first, so that neither side always meets the
+// machine (and the tables) in the state the other left.
 func BenchmarkRouterVsPgbench(b *testing.B) {
 	s, err := loadSettings()
 	if err != nil {
@@ -127,7 +201,7 @@ func BenchmarkRouterVsPgbench(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 4*s.duration+5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(4*s.rounds)*s.duration+5*time.Minute)
 	defer cancel()
 
 	f := setup(ctx, b, s)
@@ -138,58 +212,88 @@ func BenchmarkRouterVsPgbench(b *testing.B) {
 	if pb.vars, err = f.pgbenchVars(ctx); err != nil {
 		b.Fatal(err)
 	}
+	newScript, replayScript := testdataPath(b, "transfer_new.sql"), testdataPath(b, "transfer_replay.sql")
+	pbKeys := newPgbenchKeys(s.clients)
+	var created []transfer // by the router, for its replays
 
-	// New keys.
-	pgNew := f.phase(ctx, b, "pgbench new keys", func() (measurement, error) {
-		pb.scriptPath = testdataPath(b, "transfer_new.sql")
-		pb.vars["n"] = "0"
-		return f.runPgbench(ctx, pb)
-	}, true)
-	var created []transfer
-	routerNew := f.phase(ctx, b, "router new keys", func() (measurement, error) {
-		m, c, err := f.runRouter(ctx, s, nil)
-		created = c
-		return m, err
-	}, true)
-
-	// Replays of the keys each side just created.
-	perClient, err := f.pgbenchKeys(ctx, s.clients, pgNew.txns, pb.vars["request_hash"])
-	if err != nil {
-		b.Fatal(err)
+	run := func(w workload, sd side, round int) (measurement, error) {
+		switch {
+		case w == newKeys && sd == pgbenchSide:
+			pb.scriptPath = newScript
+			pb.vars["n"] = strconv.Itoa(round * roundStride)
+			m, err := f.runPgbench(ctx, pb)
+			if err == nil {
+				err = pbKeys.update(ctx, f, m.txns, pb.vars["request_hash"])
+			}
+			return m, err
+		case w == newKeys && sd == routerSide:
+			m, c, err := f.runRouter(ctx, s.clients, s.duration, nil)
+			created = append(created, c...)
+			return m, err
+		case sd == pgbenchSide:
+			pb.scriptPath = replayScript
+			pb.vars["clients"] = strconv.Itoa(s.clients)
+			pb.vars["rounds"] = strconv.Itoa(round + 1)
+			pb.vars["per_client"] = strconv.FormatInt(pbKeys.fewest, 10)
+			return f.runPgbench(ctx, pb)
+		default:
+			m, _, err := f.runRouter(ctx, s.clients, s.duration, created)
+			return m, err
+		}
 	}
-	pgReplay := f.phase(ctx, b, "pgbench replays", func() (measurement, error) {
-		pb.scriptPath = testdataPath(b, "transfer_replay.sql")
-		pb.vars["clients"] = strconv.Itoa(s.clients)
-		pb.vars["per_client"] = strconv.FormatInt(perClient, 10)
-		return f.runPgbench(ctx, pb)
-	}, false)
-	routerReplay := f.phase(ctx, b, "router replays", func() (measurement, error) {
-		m, _, err := f.runRouter(ctx, s, created)
-		return m, err
-	}, false)
+	var total [2][2]measurement // [workload][side]
+	for round := range s.rounds {
+		order := []side{pgbenchSide, routerSide}
+		if round%2 == 1 {
+			order = []side{routerSide, pgbenchSide}
+		}
+		for _, w := range []workload{newKeys, replays} {
+			for _, sd := range order {
+				name := fmt.Sprintf("round %d: %s %s", round+1, sd, w)
+				total[w][sd].add(f.phase(ctx, b, name, w, func() (measurement, error) { return run(w, sd, round) }))
+			}
+		}
+	}
 
-	b.ReportMetric(pgNew.tps, "pgbench_new_tps")
-	b.ReportMetric(routerNew.tps, "router_new_tps")
-	b.ReportMetric(routerNew.tps/pgNew.tps, "new_ratio")
-	b.ReportMetric(pgReplay.tps, "pgbench_replay_tps")
-	b.ReportMetric(routerReplay.tps, "router_replay_tps")
-	b.ReportMetric(routerReplay.tps/pgReplay.tps, "replay_ratio")
+	pgNew, routerNew := total[newKeys][pgbenchSide], total[newKeys][routerSide]
+	pgReplay, routerReplay := total[replays][pgbenchSide], total[replays][routerSide]
+	b.ReportMetric(pgNew.tps(), "pgbench_new_tps")
+	b.ReportMetric(routerNew.tps(), "router_new_tps")
+	b.ReportMetric(routerNew.tps()/pgNew.tps(), "new_ratio")
+	b.ReportMetric(pgReplay.tps(), "pgbench_replay_tps")
+	b.ReportMetric(routerReplay.tps(), "router_replay_tps")
+	b.ReportMetric(routerReplay.tps()/pgReplay.tps(), "replay_ratio")
 
+	// At most 9 lines: the testing package cuts a benchmark's log after that.
 	var out strings.Builder
-	fmt.Fprintf(&out, "%d clients, %v per phase, durable PostgreSQL (%s), GOMAXPROCS %d on %d cores; CPU µs per transfer measured per process\n",
-		s.clients, s.duration, f.durability, runtime.GOMAXPROCS(0), runtime.NumCPU())
-	tw := tabwriter.NewWriter(&out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "\tpgbench tps\trouter tps\trouter/pgbench\tpgbench CPU\trouter+loadgen CPU\tpostgres CPU (pgbench)\tpostgres CPU (router)\t")
-	for _, row := range []struct {
-		name       string
-		pg, router measurement
-	}{{"new keys", pgNew, routerNew}, {"replays", pgReplay, routerReplay}} {
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.1f%%\t%s\t%s\t%s\t%s\t\n", row.name, row.pg.tps, row.router.tps, 100*row.router.tps/row.pg.tps,
-			row.pg.cpuPerTxn(row.pg.clientCPU), row.router.cpuPerTxn(row.router.clientCPU),
-			row.pg.cpuPerTxn(row.pg.pgCPU), row.router.cpuPerTxn(row.router.pgCPU))
+	fmt.Fprintf(&out, "%d clients, %d round(s) of %v phases, durable PostgreSQL (%s), GOMAXPROCS %d on %d cores\n",
+		s.clients, s.rounds, s.duration, f.durability, runtime.GOMAXPROCS(0), runtime.NumCPU())
+	tw := tabwriter.NewWriter(&out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "\tpgbench tps\trouter tps\trouter/pgbench\ttps of each phase: pgbench; router")
+	for _, w := range []workload{newKeys, replays} {
+		pg, rt := total[w][pgbenchSide], total[w][routerSide]
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.1f%%\t%s; %s\n", w, pg.tps(), rt.tps(), 100*rt.tps()/pg.tps(),
+			formatTPS(pg.phaseTPS), formatTPS(rt.phaseTPS))
 	}
 	tw.Flush()
-	b.Log("\n" + out.String())
+	tw = tabwriter.NewWriter(&out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "\tmean latency ms: pgbench\trouter\trouter's shard call\tCPU µs/transfer: pgbench\trouter+loadgen\tpostgres w/ pgbench\tpostgres w/ router")
+	for _, w := range []workload{newKeys, replays} {
+		pg, rt := total[w][pgbenchSide], total[w][routerSide]
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", w,
+			meanLatency(pg.latency, uint64(pg.txns)), meanLatency(rt.latency, uint64(rt.txns)), meanLatency(rt.shardTime, rt.shardCalls),
+			pg.perTxn(pg.clientCPU), rt.perTxn(rt.clientCPU), pg.perTxn(pg.pgCPU), rt.perTxn(rt.pgCPU))
+	}
+	tw.Flush()
+	b.Log(strings.TrimSuffix(out.String(), "\n"))
+}
+
+func formatTPS(tps []float64) string {
+	s := make([]string, len(tps))
+	for i, v := range tps {
+		s[i] = strconv.FormatFloat(v, 'f', 0, 64)
+	}
+	return strings.Join(s, " ")
 }
 
 // fixture is one durable shard and a router in front of it.
@@ -197,6 +301,7 @@ type fixture struct {
 	pg         *localpg.Server
 	admin      *pgxpool.Pool // for setup and checks, not used by either side under test
 	load       *loadgen
+	metrics    *prometheus.Registry // the router's
 	durability string
 }
 
@@ -250,7 +355,7 @@ func setup(ctx context.Context, b *testing.B, s settings) *fixture {
 	cfgPath := filepath.Join(dir, "router.yaml")
 	// Auth mode none: token checking is a constant cost that pgbench has no counterpart for.
 	// The router gets as many shard connections as pgbench has.
-	cfgYAML := fmt.Sprintf("listen: 127.0.0.1:0\nshardmap: shardmap.yaml\nauth:\n  mode: none\nshard_pool:\n  max_conns: %d\n  request_timeout: 30s\n", s.clients)
+	cfgYAML := fmt.Sprintf("listen: 127.0.0.1:0\nshardmap: shardmap.yaml\nauth:\n  mode: none\nshard_pool:\n  max_conns: %d\n", s.clients)
 	if err := os.WriteFile(mapPath, []byte(mapYAML), 0o600); err != nil {
 		b.Fatal(err)
 	}
@@ -277,13 +382,22 @@ func setup(ctx context.Context, b *testing.B, s settings) *fixture {
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	srv := router.New(cfg, topo, log, prometheus.NewRegistry())
+	f.metrics = prometheus.NewRegistry()
+	srv := router.New(cfg, topo, log, f.metrics)
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	// The timeouts `router serve` uses: each costs a deadline per request.
+	hs := &http.Server{
+		Handler:           srv,
+		ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout,
+		ReadTimeout:       cfg.HTTP.ReadTimeout,
+		WriteTimeout:      cfg.HTTP.WriteTimeout,
+		IdleTimeout:       cfg.HTTP.IdleTimeout,
+		MaxHeaderBytes:    cfg.HTTP.MaxHeaderBytes,
+	}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	b.Cleanup(func() {
@@ -325,7 +439,7 @@ func (f *fixture) pgbenchVars(ctx context.Context) (map[string]string, error) {
 // phase runs one measured phase and checks what it wrote to the shard: a new-key phase must
 // have applied exactly one transfer (one ledger row, one idempotency record) per transaction it
 // counted, a replay phase none.
-func (f *fixture) phase(ctx context.Context, b *testing.B, name string, run func() (measurement, error), newKeys bool) measurement {
+func (f *fixture) phase(ctx context.Context, b *testing.B, name string, w workload, run func() (measurement, error)) measurement {
 	ledger0, records0, err := f.counts(ctx)
 	if err != nil {
 		b.Fatal(err)
@@ -345,7 +459,7 @@ func (f *fixture) phase(ctx context.Context, b *testing.B, name string, run func
 		b.Fatal(err)
 	}
 	want := int64(0)
-	if newKeys {
+	if w == newKeys {
 		want = m.txns
 	}
 	if ledger1-ledger0 != want || records1-records0 != want {
@@ -365,47 +479,115 @@ func (f *fixture) counts(ctx context.Context) (ledger, records int64, err error)
 
 func (f *fixture) runPgbench(ctx context.Context, pb pgbench) (measurement, error) {
 	rep, cpu, err := pb.run(ctx)
-	return measurement{txns: rep.processed, tps: rep.tps, clientCPU: cpu}, err
+	if err != nil {
+		return measurement{}, err
+	}
+	if rep.tps <= 0 {
+		return measurement{}, fmt.Errorf("pgbench reports %g tps", rep.tps)
+	}
+	elapsed := time.Duration(float64(rep.processed) / rep.tps * float64(time.Second))
+	return measurement{txns: rep.processed, elapsed: elapsed, clientCPU: cpu, latency: rep.latency * time.Duration(rep.processed)}, nil
 }
 
 // runRouter runs the load generator for one phase: new keys with replay nil, else replays of
 // replay. It returns the transfers created.
-func (f *fixture) runRouter(ctx context.Context, s settings, replay []transfer) (measurement, []transfer, error) {
+func (f *fixture) runRouter(ctx context.Context, clients int, d time.Duration, replay []transfer) (measurement, []transfer, error) {
 	cpu0 := processCPU()
-	res := f.load.run(ctx, s.clients, s.duration, replay)
-	m := measurement{txns: res.ok, tps: res.tps(), clientCPU: processCPU() - cpu0}
+	shardTime0, shardCalls0 := f.shardTime()
+	res := f.load.run(ctx, clients, d, replay)
+	shardTime1, shardCalls1 := f.shardTime()
+	m := measurement{
+		txns: res.ok, elapsed: res.elapsed, clientCPU: processCPU() - cpu0, latency: res.latency,
+		shardTime: shardTime1 - shardTime0, shardCalls: shardCalls1 - shardCalls0,
+	}
 	return m, res.created, res.err
 }
 
-// pgbenchKeys checks the keys transfer_new.sql created (client id in the key's last 10 bits)
-// and returns per_client for transfer_replay.sql: how many keys the client that created the
-// fewest has, so that client c's keys 1..per_client all exist. It also replays one of them
-// with the router's statement, to check that the replay script will be answered "replayed".
-func (f *fixture) pgbenchKeys(ctx context.Context, clients int, txns int64, requestHash string) (int64, error) {
-	var total, fewest, seen int64
-	var sample string
-	err := f.admin.QueryRow(ctx, `
-		WITH k AS (SELECT key FROM idempotency_record WHERE scope = $1 AND key ~ '^[0-9]{26}$'),
-		     per AS (SELECT key::bigint % 1024 AS c, count(*) AS n FROM k GROUP BY 1)
-		SELECT (SELECT coalesce(sum(n), 0) FROM per), (SELECT coalesce(min(n), 0) FROM per),
-		       (SELECT count(*) FROM per), (SELECT coalesce(min(key), '') FROM k)`, scope).Scan(&total, &fewest, &seen, &sample)
+// shardTimeMetric is the router's histogram of its calls to shards.
+const shardTimeMetric = "shardgate_shard_request_duration_seconds"
+
+// shardTime returns the total duration and number of the router's shard calls so far, or zeros
+// if the router no longer exports shardTimeMetric.
+func (f *fixture) shardTime() (time.Duration, uint64) {
+	families, err := f.metrics.Gather()
 	if err != nil {
-		return 0, fmt.Errorf("counting pgbench's keys: %w", err)
+		return 0, 0
 	}
-	if total != txns || seen != int64(clients) || fewest < 1 {
-		return 0, fmt.Errorf("pgbench reported %d transactions from %d clients; the shard holds %d of its keys from %d clients",
-			txns, clients, total, seen)
+	var sum float64
+	var n uint64
+	for _, fam := range families {
+		if fam.GetName() != shardTimeMetric {
+			continue
+		}
+		for _, m := range fam.GetMetric() {
+			sum += m.GetHistogram().GetSampleSum()
+			n += m.GetHistogram().GetSampleCount()
+		}
 	}
-	var outcome string
-	err = f.admin.QueryRow(ctx, `SELECT outcome FROM shardgate_transfer($1, $2, $3, 0, '', $4, 1, 2, 1, 'EUR', NULL, '{}')`,
-		scope, sample, requestHash, client).Scan(&outcome)
+	return time.Duration(sum * float64(time.Second)), n
+}
+
+// pgbenchKeys follows the keys transfer_new.sql created, to tell transfer_replay.sql which
+// exist: in round r, client c created keys n = r*roundStride+1 … r*roundStride+count, and the
+// client id is the key's value modulo 1024.
+type pgbenchKeys struct {
+	clients int
+	total   map[int64]int64 // keys per client, over all rounds so far
+	fewest  int64           // the fewest keys any client created in any round
+}
+
+func newPgbenchKeys(clients int) *pgbenchKeys {
+	return &pgbenchKeys{clients: clients, total: map[int64]int64{}, fewest: math.MaxInt64}
+}
+
+// update accounts for a pgbench run that reported txns transactions: each must have created a
+// key, and every client must have created at least one. It also replays one key with the
+// router's statement, which checks that transfer_replay.sql will be answered "replayed".
+func (k *pgbenchKeys) update(ctx context.Context, f *fixture, txns int64, requestHash string) error {
+	rows, err := f.admin.Query(ctx, `SELECT key::bigint % 1024, count(*) FROM idempotency_record
+		WHERE scope = $1 AND key ~ '^[0-9]{26}$' GROUP BY 1`, scope)
 	if err != nil {
-		return 0, fmt.Errorf("replaying pgbench's key %s: %w", sample, err)
+		return fmt.Errorf("counting pgbench's keys: %w", err)
+	}
+	total, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]int64, error) {
+		var v [2]int64
+		err := r.Scan(&v[0], &v[1])
+		return v, err
+	})
+	if err != nil {
+		return fmt.Errorf("counting pgbench's keys: %w", err)
+	}
+	now := make(map[int64]int64, len(total))
+	for _, v := range total {
+		now[v[0]] = v[1]
+	}
+	var created int64
+	for c := range int64(k.clients) {
+		n := now[c] - k.total[c]
+		if n < 1 {
+			return fmt.Errorf("pgbench client %d created no key in this run: raise -bench.duration", c)
+		}
+		created += n
+		k.fewest = min(k.fewest, n)
+		k.total[c] = now[c]
+	}
+	if created != txns || len(now) != k.clients {
+		return fmt.Errorf("pgbench reported %d transactions from %d clients; the shard holds %d new keys from %d clients",
+			txns, k.clients, created, len(now))
+	}
+	var sample, outcome string
+	err = f.admin.QueryRow(ctx, `SELECT key FROM idempotency_record WHERE scope = $1 AND key ~ '^[0-9]{26}$' LIMIT 1`, scope).Scan(&sample)
+	if err == nil {
+		err = f.admin.QueryRow(ctx, `SELECT outcome FROM shardgate_transfer($1, $2, $3, 0, '', $4, 1, 2, 1, 'EUR', NULL, '{}')`,
+			scope, sample, requestHash, client).Scan(&outcome)
+	}
+	if err != nil {
+		return fmt.Errorf("replaying one of pgbench's keys: %w", err)
 	}
 	if outcome != string(idem.Replayed) {
-		return 0, fmt.Errorf("replaying pgbench's key %s gave %q, want %q", sample, outcome, idem.Replayed)
+		return fmt.Errorf("replaying pgbench's key %s gave %q, want %q", sample, outcome, idem.Replayed)
 	}
-	return fewest, nil
+	return nil
 }
 
 func testdataPath(b *testing.B, name string) string {

@@ -39,11 +39,10 @@ func newLoadgen(baseURL string, workers int) *loadgen {
 type loadResult struct {
 	ok      int64         // answers as expected: 201, replayed or not as asked
 	elapsed time.Duration // from the first request until the last worker's last answer
+	latency time.Duration // summed over the ok requests, from sending to having read the answer
 	err     error         // the first unexpected answer; it ends the run
 	created []transfer    // new-key runs only: every transfer answered 201, for replaying
 }
-
-func (r loadResult) tps() float64 { return float64(r.ok) / r.elapsed.Seconds() }
 
 // run sends requests from workers goroutines until d has passed. With replay nil every request
 // has a fresh key and must be answered 201 without Idempotent-Replayed; otherwise every request
@@ -83,10 +82,12 @@ func (g *loadgen) run(ctx context.Context, workers int, d time.Duration, replay 
 				} else {
 					t = replay[rng.IntN(len(replay))]
 				}
+				sent := time.Now()
 				if err := g.post(ctx, t, replay != nil); err != nil {
 					fail(err)
 					return
 				}
+				res.latency += time.Since(sent)
 				res.ok++
 				if replay == nil {
 					res.created = append(res.created, t)
@@ -98,6 +99,7 @@ func (g *loadgen) run(ctx context.Context, workers int, d time.Duration, replay 
 	total := loadResult{elapsed: time.Since(start), err: firstErr}
 	for _, r := range results {
 		total.ok += r.ok
+		total.latency += r.latency
 		total.created = append(total.created, r.created...)
 	}
 	return total

@@ -45,9 +45,10 @@ type pgbench struct {
 
 // pgbenchReport is what pgbench printed about a run.
 type pgbenchReport struct {
-	processed int64   // "number of transactions actually processed"
-	failed    int64   // "number of failed transactions" (PostgreSQL 15+; 0 when absent)
-	tps       float64 // excluding the time spent connecting
+	processed int64         // "number of transactions actually processed"
+	failed    int64         // "number of failed transactions" (PostgreSQL 15+; 0 when absent)
+	tps       float64       // excluding the time spent connecting
+	latency   time.Duration // "latency average"
 }
 
 // run runs pgbench to completion and returns its report and the CPU time the pgbench process
@@ -104,7 +105,8 @@ var (
 	pgbenchFailed    = regexp.MustCompile(`(?m)^number of failed transactions: (\d+)`)
 	// PostgreSQL 14+ prints "without initial connection time"; 13 and older print "excluding
 	// connections establishing".
-	pgbenchTPS = regexp.MustCompile(`(?m)^tps = ([0-9.]+) \((?:without initial connection time|excluding connections establishing)\)`)
+	pgbenchLatency = regexp.MustCompile(`(?m)^latency average = ([0-9.]+) ms`)
+	pgbenchTPS     = regexp.MustCompile(`(?m)^tps = ([0-9.]+) \((?:without initial connection time|excluding connections establishing)\)`)
 )
 
 // parsePgbench reads pgbench's summary.
@@ -117,6 +119,10 @@ func parsePgbench(out string) (pgbenchReport, error) {
 	rep.processed, _ = strconv.ParseInt(m[1], 10, 64) // \d+ that fits: pgbench printed an int64
 	if m := pgbenchFailed.FindStringSubmatch(out); m != nil {
 		rep.failed, _ = strconv.ParseInt(m[1], 10, 64)
+	}
+	if m := pgbenchLatency.FindStringSubmatch(out); m != nil {
+		ms, _ := strconv.ParseFloat(m[1], 64) // [0-9.]+ parses unless malformed, and then 0 is "unknown"
+		rep.latency = time.Duration(ms * float64(time.Millisecond))
 	}
 	m = pgbenchTPS.FindStringSubmatch(out)
 	if m == nil {
@@ -165,8 +171,8 @@ tps = 7.700000 (excluding connections establishing)
 		want    pgbenchReport
 		wantErr string
 	}{
-		{"pg15", pg15, pgbenchReport{processed: 12345, failed: 2, tps: 1234.56789}, ""},
-		{"pg13", pg13, pgbenchReport{processed: 77, tps: 7.7}, ""},
+		{"pg15", pg15, pgbenchReport{processed: 12345, failed: 2, tps: 1234.56789, latency: 6480 * time.Microsecond}, ""},
+		{"pg13", pg13, pgbenchReport{processed: 77, tps: 7.7, latency: 6480 * time.Microsecond}, ""},
 		{"no count", "tps = 1.0 (without initial connection time)\n", pgbenchReport{}, "actually processed"},
 		{"no tps", "number of transactions actually processed: 3\n", pgbenchReport{processed: 3}, "tps = N"},
 		{"tps with connections only", "number of transactions actually processed: 3\ntps = 1.0 (including connections establishing)\n", pgbenchReport{processed: 3}, "tps = N"},

@@ -1,7 +1,8 @@
 -- pgbench script: one new transfer per transaction, through the statement the router sends
 -- (idem.Transfer: SELECT outcome, stored_response, shard_map_version FROM shardgate_transfer(...)),
 -- with the router's argument shapes. Set with -D by bench_test.go: scope, client, request_hash,
--- currency, response (a response the router stored, so the same size) and n=0.
+-- currency, response (a response the router stored, so the same size) and n: the round number
+-- times 16777216 (roundStride), where this run's count starts.
 --
 -- n counts this client's transfers. The key is a pseudorandom permutation of (client, n), so that
 -- keys and transfer ids land all over their indexes as the router's random keys do, and so that
