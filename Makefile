@@ -4,10 +4,18 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 FUZZTIME ?= 10s
 
-.PHONY: test deps lint unit fuzz bench bench-smoke build run
+.PHONY: test test-local deps lint unit fuzz containers bench bench-smoke build run
 
-## test: every check CI runs (lint, unit and integration tests with -race, fuzzing, the benchmark smoke run)
-test: deps lint unit fuzz bench-smoke
+## test: every check CI runs: lint, unit and integration tests with -race on local PostgreSQL
+## processes, fuzzing, the benchmark smoke run, then the same suites on containers
+test: test-local containers
+
+## test-local: everything but the container suites (for machines without Docker)
+test-local: deps lint unit fuzz bench-smoke
+
+## containers: images from Debian packages, the suites on shard containers, compose smoke test
+containers:
+	./scripts/test-containers.sh
 
 deps:
 	./scripts/ensure-deps.sh

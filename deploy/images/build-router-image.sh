@@ -13,7 +13,7 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 mkdir -p "$work/rootfs/tmp"
-(cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$work/rootfs/router" ./cmd/router)
+(cd "$repo" && CGO_ENABLED=0 go build -ldflags='-s -w' -o "$work/rootfs/router" ./cmd/router)
 chmod 1777 "$work/rootfs/tmp"
 # Numeric owner 0 keeps the image reproducible whoever builds it; the binary is world-executable.
 tar --numeric-owner --owner=0 --group=0 -C "$work/rootfs" -c router tmp |

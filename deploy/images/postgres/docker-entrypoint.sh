@@ -45,7 +45,9 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
 
 	# A socket-only temporary server: nothing outside the container sees a half-initialised
 	# database, which is why "ready to accept connections" is logged twice.
-	pg_ctl -D "$PGDATA" -o "-c listen_addresses='' -p 5432" -w start >/dev/null
+	# Its log is left on stdout, like the official image's: tools that wait for the second
+	# "ready to accept connections" (testcontainers' BasicWaitStrategies) then work unchanged.
+	pg_ctl -D "$PGDATA" -o "-c listen_addresses='' -p 5432" -w start
 	export PGPASSWORD="${POSTGRES_PASSWORD:-}"
 	psql=(psql -v ON_ERROR_STOP=1 --no-psqlrc --username "$POSTGRES_USER" --no-password)
 	if [ "$POSTGRES_DB" != 'postgres' ]; then
@@ -74,8 +76,8 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
 		esac
 	done
 	unset PGPASSWORD
-	pg_ctl -D "$PGDATA" -m fast -w stop >/dev/null
+	pg_ctl -D "$PGDATA" -m fast -w stop
 	echo "$0: PostgreSQL init process complete; ready for start up."
 fi
 
-exec postgres "$@"
+exec "$@"

@@ -1,0 +1,552 @@
+package faults
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardgate/shardgate/config"
+	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/router"
+	"github.com/shardgate/shardgate/shardmap"
+)
+
+// Sizes of the bank run. The whole test stays well under three minutes on a 2-core machine.
+const (
+	numShards   = 3
+	numClients  = 6
+	maxAttempts = 6                       // per key: the first try and its retries
+	dropRate    = 0.08                    // share of responses the proxy swallows after COMMIT
+	clientWait  = 6 * time.Second         // client-side deadline per request
+	settle      = 1500 * time.Millisecond // calm between faults
+)
+
+// bankYAML is the router's configuration; the shard request timeout is short so a paused or
+// cut-off shard turns into 503s quickly instead of holding clients for the default.
+const bankYAML = `listen: 127.0.0.1:0
+shardmap: shardmap.yaml
+auth:
+  mode: tokens
+  clients:
+    - name: bank
+      token_sha256: %s
+shard_pool:
+  max_conns: 8
+  connect_timeout: 1s
+  request_timeout: 3s
+  retry_after: 1s
+`
+
+const bankToken = "bank-token"
+
+// attempt is one request of a client and what came of it.
+type attempt struct {
+	status   int    // 0 when no response was received
+	replayed bool   // Idempotent-Replayed: true
+	body     []byte // response body
+	err      string // transport error or timeout, when status is 0
+}
+
+// op is one idempotency key's history: the request and every attempt made with it.
+type op struct {
+	key              string
+	src, dst, amount int64
+	body             string
+	invalid          bool // deliberately invalid request: must fail with 400 and store nothing
+	attempts         []attempt
+}
+
+// outcome classifies an op from its history alone, as a client would.
+type outcome int
+
+const (
+	acked        outcome = iota // some attempt got 201
+	surelyFailed                // only 4xx other than 409: the server said no and nothing else
+	unknown                     // no 201, and some 503, 409, timeout or reset: it may have landed
+)
+
+func (o *op) outcome() outcome {
+	definite := true
+	for _, a := range o.attempts {
+		switch {
+		case a.status == http.StatusCreated:
+			return acked
+		case a.status >= 400 && a.status < 500 && a.status != http.StatusConflict:
+		default:
+			definite = false
+		}
+	}
+	if definite && len(o.attempts) > 0 {
+		return surelyFailed
+	}
+	return unknown
+}
+
+// TestBankUnderFaults is a Jepsen-style bank check: clients move money with retries while shards
+// are paused, killed, cut off the network, the router restarts, and a proxy drops responses after
+// the shard committed. Afterwards the ledger must agree with what clients were told.
+func TestBankUnderFaults(t *testing.T) {
+	if os.Getenv("SHARDGATE_TEST_BACKEND") != "docker" {
+		t.Skip("set SHARDGATE_TEST_BACKEND=docker to run the fault suite against shard containers")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cluster, err := StartCluster(ctx, numShards)
+	if err != nil {
+		// A fault suite that cannot start tests nothing: in CI that is a failure.
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI is set and the shard containers could not start: %v", err)
+		}
+		t.Skipf("shard containers could not start: %v", err)
+	}
+	defer cluster.Close()
+
+	rt := startBankRouter(ctx, t, cluster)
+	defer rt.stop()
+	px := newDropProxy(t, rt.addr, dropRate)
+	defer px.Close()
+
+	// Clients run until the fault schedule is over.
+	var (
+		mu    sync.Mutex
+		ops   []*op
+		stop  atomic.Bool
+		wg    sync.WaitGroup
+		httpc = &http.Client{
+			Timeout: clientWait,
+			// A fresh connection per request, so the proxy's drop decision is per request.
+			Transport: &http.Transport{DisableKeepAlives: true},
+		}
+	)
+	for c := range numClients {
+		wg.Go(func() {
+			rng := mrand.New(mrand.NewPCG(uint64(c), uint64(time.Now().UnixNano())))
+			for n := 0; !stop.Load(); n++ {
+				o := newOp(rng, c, n)
+				runOp(ctx, httpc, px.URL(), o, rng)
+				mu.Lock()
+				ops = append(ops, o)
+				mu.Unlock()
+			}
+		})
+	}
+
+	faults := []struct {
+		name         string
+		inject, heal func(context.Context) error
+		hold         time.Duration
+	}{
+		{"pause shard-0", cluster.Shards[0].Pause, cluster.Shards[0].Unpause, 4 * time.Second},
+		{"kill shard-1", cluster.Shards[1].Kill, cluster.Shards[1].Restart, 2 * time.Second},
+		{"cut shard-2 off the network", cluster.Shards[2].Disconnect, cluster.Shards[2].Connect, 4 * time.Second},
+		{"restart the router", rt.crash, rt.start, time.Second},
+	}
+	time.Sleep(settle)
+	for _, f := range faults {
+		t.Logf("fault: %s", f.name)
+		if err := f.inject(ctx); err != nil {
+			stop.Store(true)
+			wg.Wait()
+			t.Fatalf("%s: %v", f.name, err)
+		}
+		time.Sleep(f.hold)
+		if err := f.heal(ctx); err != nil {
+			stop.Store(true)
+			wg.Wait()
+			t.Fatalf("healing %s: %v", f.name, err)
+		}
+		time.Sleep(settle)
+	}
+	stop.Store(true)
+	wg.Wait()
+
+	pools := rt.assertionPools(ctx, t)
+	counts := check(ctx, t, ops, pools)
+	t.Logf("history: %d keys, %d requests, %d responses dropped by the proxy", len(ops), counts.requests, px.dropped.Load())
+	t.Logf("acknowledged %d (1 row each), surely failed %d (0 rows), unknown %d (%d landed, %d did not), replays checked %d",
+		counts.acked, counts.failed, counts.unknown, counts.unknownLanded, counts.unknown-counts.unknownLanded, counts.replays)
+	t.Logf("ledger sum %d = acknowledged %d + unknown that landed %d", counts.ledgerSum, counts.ackedSum, counts.unknownSum)
+
+	// Healed: every unknown outcome, retried with its key, now gets a definite answer: a valid
+	// transfer applies or replays exactly once, an invalid one is refused.
+	px.setDropRate(0)
+	resolved, refused := 0, 0
+	for _, o := range ops {
+		if o.outcome() != unknown {
+			continue
+		}
+		o.attempts = nil
+		runOp(ctx, httpc, px.URL(), o, mrand.New(mrand.NewPCG(1, 2)))
+		switch got := o.outcome(); {
+		case got == acked && !o.invalid:
+			resolved++
+		case got == surelyFailed && o.invalid:
+			refused++
+		default:
+			t.Errorf("key %s: no definite answer after healing: %+v", o.key, o.attempts)
+		}
+	}
+	final := check(ctx, t, ops, pools)
+	if final.unknown != 0 || final.acked != counts.acked+resolved || final.failed != counts.failed+refused {
+		t.Errorf("after healing: %d acknowledged, %d failed, %d unknown; want %d, %d and 0",
+			final.acked, final.failed, final.unknown, counts.acked+resolved, counts.failed+refused)
+	}
+	t.Logf("after healing: %d unknown keys retried: %d applied or replayed once, %d refused; ledger sum %d", resolved+refused, resolved, refused, final.ledgerSum)
+	fmt.Printf("bank summary: keys=%d requests=%d dropped=%d acked=%d failed=%d unknown=%d landed=%d replays=%d ledger_sum=%d healed=%d ok=%t\n",
+		len(ops), counts.requests, px.dropped.Load(), counts.acked, counts.failed, counts.unknown, counts.unknownLanded,
+		counts.replays, counts.ledgerSum, resolved+refused, !t.Failed())
+}
+
+// newOp makes client c's n-th operation: mostly valid transfers between a few hot accounts (so
+// keys of different clients meet on the same rows), sometimes an invalid one.
+func newOp(rng *mrand.Rand, c, n int) *op {
+	o := &op{key: fmt.Sprintf("bank-%d-%d-%d", c, n, rng.Uint32()), src: 1 + rng.Int64N(40), amount: 1 + rng.Int64N(1000)}
+	o.dst = 1 + (o.src+rng.Int64N(39))%40
+	o.body = fmt.Sprintf(`{"src": %d, "dst": %d, "amount": %d}`, o.src, o.dst, o.amount)
+	if rng.IntN(10) == 0 {
+		o.invalid = true
+		o.body = fmt.Sprintf(`{"src": %d, "dst": %d, "amount": 0}`, o.src, o.dst)
+	}
+	return o
+}
+
+// runOp sends o until it gets a definite answer (a 201 or a 4xx other than 409) or runs out of
+// attempts. After a 201 it sometimes sends once more, to collect a replay to compare.
+func runOp(ctx context.Context, httpc *http.Client, url string, o *op, rng *mrand.Rand) {
+	for range maxAttempts {
+		a := send(ctx, httpc, url, o)
+		o.attempts = append(o.attempts, a)
+		if a.status == http.StatusCreated {
+			if rng.IntN(3) == 0 {
+				o.attempts = append(o.attempts, send(ctx, httpc, url, o))
+			}
+			return
+		}
+		if a.status >= 400 && a.status < 500 && a.status != http.StatusConflict {
+			return
+		}
+		time.Sleep(time.Duration(100+rng.IntN(300)) * time.Millisecond)
+	}
+}
+
+func send(ctx context.Context, httpc *http.Client, url string, o *op) attempt {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/transfers", bytes.NewReader([]byte(o.body)))
+	if err != nil {
+		return attempt{err: err.Error()}
+	}
+	req.Header.Set("Authorization", "Bearer "+bankToken)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", o.key)
+	resp, err := httpc.Do(req)
+	if err != nil {
+		return attempt{err: err.Error()}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return attempt{err: err.Error()}
+	}
+	return attempt{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed") == "true", body: body}
+}
+
+// counts are the checker's findings.
+type counts struct {
+	requests, acked, failed, unknown, unknownLanded, replays int
+	ledgerSum, ackedSum, unknownSum                          int64
+}
+
+// check compares the clients' histories with the ledger of every shard.
+func check(ctx context.Context, t *testing.T, ops []*op, pools map[string]*pgxpool.Pool) counts {
+	t.Helper()
+	type row struct {
+		amount int64
+		shard  string
+	}
+	rows := map[string][]row{} // transfer id -> its transfer_out rows, on any shard
+	var c counts
+	for name, p := range pools {
+		r, err := p.Query(ctx, "SELECT transfer_id, amount FROM ledger_entries WHERE kind = 'transfer_out'")
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for r.Next() {
+			var id string
+			var amount int64
+			if err := r.Scan(&id, &amount); err != nil {
+				t.Fatal(err)
+			}
+			rows[id] = append(rows[id], row{amount, name})
+			c.ledgerSum += amount
+		}
+		if err := r.Err(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	known := map[string]bool{}
+	for _, o := range ops {
+		c.requests += len(o.attempts)
+		id := router.TransferID(shardmap.KeyspaceID(o.src), "bank:transfer", o.key)
+		known[id] = true
+		got := rows[id]
+		for _, r := range got {
+			if r.amount != o.amount {
+				t.Errorf("key %s: ledger amount %d on %s, requested %d", o.key, r.amount, r.shard, o.amount)
+			}
+		}
+		switch o.outcome() {
+		case acked:
+			c.acked++
+			c.ackedSum += o.amount
+			if o.invalid {
+				t.Errorf("key %s: an invalid request was acknowledged", o.key)
+			}
+			if len(got) != 1 {
+				t.Errorf("key %s: acknowledged, %d ledger rows, want exactly 1", o.key, len(got))
+			}
+			var first []byte
+			for _, a := range o.attempts {
+				if a.status != http.StatusCreated {
+					continue
+				}
+				if first == nil {
+					first = a.body
+					continue
+				}
+				c.replays++
+				if !a.replayed || !bytes.Equal(a.body, first) {
+					t.Errorf("key %s: later 201 (replayed=%t) %q differs from the first %q", o.key, a.replayed, a.body, first)
+				}
+			}
+		case surelyFailed:
+			c.failed++
+			if len(got) != 0 {
+				t.Errorf("key %s: surely failed (%d), yet %d ledger rows", o.key, o.attempts[0].status, len(got))
+			}
+		case unknown:
+			c.unknown++
+			if len(got) > 1 {
+				t.Errorf("key %s: unknown outcome, %d ledger rows, want at most 1", o.key, len(got))
+			}
+			if len(got) == 1 {
+				c.unknownLanded++
+				c.unknownSum += o.amount
+			}
+		}
+	}
+	for id := range rows {
+		if !known[id] {
+			t.Errorf("ledger row for transfer %s that no client sent", id)
+		}
+	}
+	if c.ledgerSum != c.ackedSum+c.unknownSum {
+		t.Errorf("ledger sum %d != acknowledged %d + landed unknown %d", c.ledgerSum, c.ackedSum, c.unknownSum)
+	}
+	if c.acked == 0 {
+		t.Error("no transfer was acknowledged: the run proves nothing")
+	}
+	return c
+}
+
+// bankRouter is the router in-process on a fixed address, so it can crash and come back where
+// the proxy expects it.
+type bankRouter struct {
+	t    *testing.T
+	addr string
+	cfg  *config.Config
+	m    *shardmap.Map
+
+	mu  sync.Mutex
+	srv *router.Server
+	hs  *http.Server
+}
+
+func startBankRouter(ctx context.Context, t *testing.T, c *Cluster) *bankRouter {
+	t.Helper()
+	dir := t.TempDir()
+	ranges := []string{"-55", "55-aa", "aa-"}
+	var mapYAML bytes.Buffer
+	mapYAML.WriteString("version: 1\nshards:\n")
+	for i, s := range c.Shards {
+		fmt.Fprintf(&mapYAML, "  - name: %s\n    dsn: %s\n    ranges: [%q]\n", s.Alias, s.DSN(), ranges[i])
+	}
+	sum := sha256Hex(bankToken)
+	if err := os.WriteFile(filepath.Join(dir, "shardmap.yaml"), mapYAML.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "router.yaml"), fmt.Appendf(nil, bankYAML, sum), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rt := &bankRouter{t: t}
+	var err error
+	if rt.cfg, err = config.Load(filepath.Join(dir, "router.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if rt.m, err = shardmap.Load(rt.cfg.ShardmapPath); err != nil {
+		t.Fatal(err)
+	}
+	// What `router migrate` does, on every shard.
+	pools := rt.assertionPools(ctx, t)
+	for name, p := range pools {
+		if _, err := idem.Migrate(ctx, p); err != nil {
+			t.Fatalf("migrate %s: %v", name, err)
+		}
+		if _, err := idem.EnsurePartitions(ctx, p, rt.cfg.Idempotency.PartitionInterval, time.Now(), 2); err != nil {
+			t.Fatalf("partitions %s: %v", name, err)
+		}
+	}
+	if _, err := idem.ApplyMap(ctx, rt.m, func(s string) *pgxpool.Pool { return pools[s] }, rt.cfg.Idempotency.PartitionInterval); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.addr = ln.Addr().String()
+	rt.serve(ln)
+	return rt
+}
+
+// assertionPools opens a pool per shard for the checker (and migrations), closed with the test.
+func (rt *bankRouter) assertionPools(ctx context.Context, t *testing.T) map[string]*pgxpool.Pool {
+	t.Helper()
+	pools := map[string]*pgxpool.Pool{}
+	for _, s := range rt.m.Shards {
+		p, err := pgxpool.New(ctx, s.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		pools[s.Name] = p
+	}
+	return pools
+}
+
+func (rt *bankRouter) serve(ln net.Listener) {
+	topo, err := router.OpenTopology(rt.m, nil, rt.cfg.ShardPool)
+	if err != nil {
+		rt.t.Fatal(err)
+	}
+	srv := router.New(rt.cfg, topo, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 5 * time.Second}
+	rt.mu.Lock()
+	rt.srv, rt.hs = srv, hs
+	rt.mu.Unlock()
+	go hs.Serve(ln) //nolint:errcheck // ends with ErrServerClosed on crash or stop
+}
+
+// crash closes the router abruptly, like a killed process: open connections are cut, requests in
+// flight lose their answer (their shard transactions still finish), new ones are refused.
+func (rt *bankRouter) crash(context.Context) error {
+	rt.mu.Lock()
+	srv, hs := rt.srv, rt.hs
+	rt.srv, rt.hs = nil, nil
+	rt.mu.Unlock()
+	if hs == nil {
+		return nil
+	}
+	err := hs.Close()
+	srv.Topology().Close()
+	return err
+}
+
+// start brings a crashed router back on its address, with fresh pools, as a restarted process.
+func (rt *bankRouter) start(context.Context) error {
+	ln, err := net.Listen("tcp", rt.addr)
+	if err != nil {
+		return fmt.Errorf("router restart on %s: %w", rt.addr, err)
+	}
+	rt.serve(ln)
+	return nil
+}
+
+func (rt *bankRouter) stop() { rt.crash(context.Background()) } //nolint:errcheck // test teardown
+
+// dropProxy forwards TCP connections to the router. For a share of connections it forwards the
+// request but swallows the response and resets the client's connection as soon as the router
+// starts answering: the transfer committed, and the client never hears so.
+type dropProxy struct {
+	ln       net.Listener
+	upstream string
+	rate     atomic.Uint64 // float64 bits
+	dropped  atomic.Int64
+	wg       sync.WaitGroup
+}
+
+func newDropProxy(t *testing.T, upstream string, rate float64) *dropProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &dropProxy{ln: ln, upstream: upstream}
+	p.setDropRate(rate)
+	p.wg.Go(p.accept)
+	return p
+}
+
+func (p *dropProxy) URL() string { return "http://" + p.ln.Addr().String() }
+
+func (p *dropProxy) setDropRate(r float64) { p.rate.Store(math.Float64bits(r)) }
+
+func (p *dropProxy) Close() {
+	p.ln.Close()
+	p.wg.Wait()
+}
+
+func (p *dropProxy) accept() {
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		drop := mrand.Float64() < math.Float64frombits(p.rate.Load())
+		p.wg.Go(func() { p.relay(client.(*net.TCPConn), drop) })
+	}
+}
+
+func (p *dropProxy) relay(client *net.TCPConn, drop bool) {
+	defer client.Close()
+	up, err := net.DialTimeout("tcp", p.upstream, time.Second)
+	if err != nil {
+		client.SetLinger(0) // the router is down: the client sees a reset, as with no proxy
+		return
+	}
+	defer up.Close()
+	go func() {
+		io.Copy(up, client) //nolint:errcheck // ends when either side closes
+		up.(*net.TCPConn).CloseWrite()
+	}()
+	if !drop {
+		io.Copy(client, up) //nolint:errcheck // ends when either side closes
+		return
+	}
+	// Wait for the first byte of the answer: by then the shard transaction has committed.
+	var b [1]byte
+	if _, err := up.Read(b[:]); err == nil {
+		p.dropped.Add(1)
+	}
+	client.SetLinger(0) // close with RST: the client gets "connection reset", not a clean EOF
+}
+
+// sha256Hex is how router.yaml stores a token: its SHA-256 in hex.
+func sha256Hex(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
