@@ -2,7 +2,9 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -48,16 +50,38 @@ func PartitionAt(iv Interval, t time.Time) Partition {
 	}
 }
 
-// EnsurePartitions makes sure the partitions holding now and the next ahead intervals exist,
-// each with its unique (scope, key) index, and returns the names of those it created.
+// EnsurePartitions makes sure the partitions holding now and the next ahead intervals are
+// attached, each with its unique (scope, key) index, and returns the names of those it created
+// or attached again, in time order.
 //
 // A partition is created as a plain table and then attached, because ATTACH PARTITION takes only
 // SHARE UPDATE EXCLUSIVE on idempotency_record, which does not block transfers, where CREATE
 // TABLE ... PARTITION OF would take ACCESS EXCLUSIVE. A CHECK constraint matching the bounds
 // lets ATTACH skip its validation scan. Concurrent callers are serialized by an advisory lock.
+//
+// A table that already bears a needed partition's name but is not attached (detached by hand,
+// say) is attached again rather than replaced: the keys it holds are younger than any retention
+// and must go on blocking duplicates.
 func EnsurePartitions(ctx context.Context, pool *pgxpool.Pool, iv Interval, now time.Time, ahead int) ([]string, error) {
-	var created []string
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	created, reattached, err := ensurePartitions(ctx, pool, iv, now, ahead)
+	if err != nil {
+		return nil, err
+	}
+	names := slices.Concat(created, reattached)
+	slices.Sort(names) // the names sort in time order
+	return names, nil
+}
+
+// txStarter is a pool, or the one connection Upkeep holds its session lock on.
+type txStarter interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// ensurePartitions is EnsurePartitions on db; it reports created and re-attached partitions apart.
+func ensurePartitions(ctx context.Context, db txStarter, iv Interval, now time.Time, ahead int) (created, reattached []string, err error) {
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		created, reattached = nil, nil
+		// Re-entrant: Upkeep already holds this lock as a session lock on the same connection.
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", lockClass, lockUpkeep); err != nil {
 			return err
 		}
@@ -72,6 +96,17 @@ func EnsurePartitions(ctx context.Context, pool *pgxpool.Pool, iv Interval, now 
 			if existing[p.Name] {
 				continue
 			}
+			detached, err := detachedTable(ctx, tx, p.Name)
+			if err != nil {
+				return err
+			}
+			if detached != 0 {
+				if err := reattachPartition(ctx, tx, p, detached); err != nil {
+					return fmt.Errorf("attach existing table %s again: %w", p.Name, err)
+				}
+				reattached = append(reattached, p.Name)
+				continue
+			}
 			if err := createPartition(ctx, tx, p); err != nil {
 				return fmt.Errorf("create partition %s: %w", p.Name, err)
 			}
@@ -80,9 +115,9 @@ func EnsurePartitions(ctx context.Context, pool *pgxpool.Pool, iv Interval, now 
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return created, nil
+	return created, reattached, nil
 }
 
 func attachedPartitions(ctx context.Context, tx pgx.Tx) (map[string]bool, error) {
@@ -118,4 +153,51 @@ func createPartition(ctx context.Context, tx pgx.Tx, p Partition) error {
 		}
 	}
 	return nil
+}
+
+// detachedTable returns the oid of a plain table named name beside idempotency_record that is
+// no partition, or 0 when there is no relation of that name. Any other relation of that name is
+// an error, since a partition cannot then be created.
+func detachedTable(ctx context.Context, tx pgx.Tx, name string) (uint32, error) {
+	var (
+		oid         uint32
+		kind        string
+		isPartition bool
+	)
+	err := tx.QueryRow(ctx, `SELECT c.oid, c.relkind::text, c.relispartition FROM pg_class c
+		WHERE c.relname = $1 AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'idempotency_record'::regclass)`,
+		name).Scan(&oid, &kind, &isPartition)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, nil
+	case err != nil:
+		return 0, err
+	case kind != "r" || isPartition:
+		return 0, fmt.Errorf("relation %s exists but is not a detached idempotency_record partition (relkind %s, partition %t); rename or drop it so that upkeep can create the partition", name, kind, isPartition)
+	}
+	return oid, nil
+}
+
+// reattachPartition attaches the existing table oid as partition p, first giving it the unique
+// (scope, key) index every partition has if it lacks one. ATTACH checks that the table's columns
+// match and that every row lies within p.
+func reattachPartition(ctx context.Context, tx pgx.Tx, p Partition, oid uint32) error {
+	var hasUnique bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (
+		SELECT 1 FROM pg_index i
+		 WHERE i.indrelid = $1 AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
+		   AND ARRAY(SELECT a.attname::text FROM unnest(i.indkey::int2[]) WITH ORDINALITY k(attnum, ord)
+		              JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+		             ORDER BY k.ord) = ARRAY['scope', 'key'])`, oid).Scan(&hasUnique); err != nil {
+		return err
+	}
+	name := pgx.Identifier{p.Name}.Sanitize()
+	if !hasUnique {
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ADD CONSTRAINT %s UNIQUE (scope, key)`, name, pgx.Identifier{p.Name + "_scope_key"}.Sanitize())); err != nil {
+			return err
+		}
+	}
+	_, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE idempotency_record ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')`,
+		name, p.From.Format(time.RFC3339), p.To.Format(time.RFC3339)))
+	return err
 }

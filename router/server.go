@@ -32,6 +32,10 @@ import (
 // operation is the idempotency scope's operation part: scope = client + ":" + operation.
 const operation = "transfer"
 
+// maxKeyClockSkew is how far in the future a UUIDv7 key's timestamp may be before the key is
+// refused as invalid: client clocks drift, but not by more than this.
+const maxKeyClockSkew = time.Minute
+
 // Server serves shardgate's HTTP API over the current Topology.
 type Server struct {
 	cfg      *config.Config
@@ -206,6 +210,21 @@ func (s *Server) postTransfer(w http.ResponseWriter, r *http.Request) {
 		}
 		reject(probInvalidBody, err.Error())
 		return
+	}
+
+	// A UUIDv7 key carries its creation time: one older than retention may have had its record
+	// dropped already, so it is refused rather than risk executing it a second time.
+	if created, ok := idem.KeyTime(key); ok {
+		now := time.Now()
+		if created.After(now.Add(maxKeyClockSkew)) {
+			reject(probInvalidKey, fmt.Sprintf("the key is a UUIDv7 from the future (%s); generate keys with a correct clock", created.UTC().Format(time.RFC3339)))
+			return
+		}
+		if created.Before(now.Add(-s.cfg.Idempotency.Retention)) {
+			s.metrics.transfers.WithLabelValues(outKeyExpired, "").Inc()
+			writeProblem(w, probKeyExpired, fmt.Sprintf("the key was created %s, longer ago than the retention of %s; it will not be executed", created.UTC().Format(time.RFC3339), s.cfg.Idempotency.Retention), 0)
+			return
+		}
 	}
 
 	scope := client + ":" + operation

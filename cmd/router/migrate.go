@@ -32,7 +32,7 @@ func migrate(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Wr
 			fmt.Fprintf(out, "shard %s: applied %s\n", s.Name, strings.Join(applied, ", "))
 		}
 	}
-	if err := upkeep(ctx, cfg, m, topo.Pool, out); err != nil {
+	if err := upkeep(ctx, cfg, m, topo.Pool, out, nil); err != nil {
 		return err
 	}
 	return applyMap(ctx, cfg, m, topo.Pool, out)
@@ -59,15 +59,15 @@ func maintainOnce(ctx context.Context, cfg *config.Config, m *shardmap.Map, out 
 		return err
 	}
 	defer topo.Close()
-	return upkeep(ctx, cfg, m, topo.Pool, out)
+	return upkeep(ctx, cfg, m, topo.Pool, out, nil)
 }
 
 // upkeep runs one pass of partition upkeep (idem.Upkeep) on every shard: it keeps the current
 // and partitions_ahead future partitions ready, and detaches and drops partitions whose whole
 // range is older than retention. It prints what it created and dropped per shard, records each
-// result in stats when given (serve passes its metrics collector), and fails if any shard
+// result in stats unless it is nil (serve passes its metrics collector), and fails if any shard
 // failed. A shard where another router's upkeep is running is skipped, which is no failure.
-func upkeep(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(string) *pgxpool.Pool, out io.Writer, stats ...*idem.UpkeepCollector) error {
+func upkeep(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(string) *pgxpool.Pool, out io.Writer, stats *idem.UpkeepCollector) error {
 	opts := idem.UpkeepOptions{
 		Interval:  cfg.Idempotency.PartitionInterval,
 		Ahead:     cfg.Idempotency.PartitionsAhead,
@@ -77,16 +77,16 @@ func upkeep(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(
 	for _, s := range m.Shards {
 		names = append(names, s.Name)
 		rep, err := idem.Upkeep(ctx, pool(s.Name), opts)
-		for _, st := range stats {
-			st.Record(s.Name, rep, err)
+		if stats != nil {
+			stats.Record(s.Name, rep, err)
 		}
 		fmt.Fprintf(out, "shard %s: %s\n", s.Name, describeUpkeep(rep, err))
 		if err != nil {
 			failed = append(failed, s.Name)
 		}
 	}
-	for _, st := range stats {
-		st.Retain(names)
+	if stats != nil {
+		stats.Retain(names)
 	}
 	if len(failed) > 0 {
 		return fmt.Errorf("partition upkeep failed on %s", strings.Join(failed, ", "))

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/shardgate/shardgate/config"
+	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardmap"
 )
@@ -52,7 +53,8 @@ func serveOn(ctx context.Context, ln net.Listener, cfg *config.Config, m *shardm
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	upkeepStats := idem.NewUpkeepCollector(cfg.Idempotency.PartitionInterval, cfg.Idempotency.Retention)
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), upkeepStats)
 	srv := router.New(cfg, topo, log, reg)
 
 	reloadNow := make(chan struct{}, 1)
@@ -82,7 +84,8 @@ func serveOn(ctx context.Context, ln net.Listener, cfg *config.Config, m *shardm
 	}()
 	go func() {
 		for {
-			upkeep(bg, cfg, srv.Topology().Map, srv.Topology().Pool, logWriter{log}) //nolint:errcheck // logged per shard; retried next round
+			t := srv.Topology() // one topology for both map and pools
+			upkeep(bg, cfg, t.Map, t.Pool, logWriter{log}, upkeepStats) //nolint:errcheck // logged per shard; retried next round
 			select {
 			case <-bg.Done():
 				return

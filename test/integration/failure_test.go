@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"net/http"
 	"strings"
 	"testing"
@@ -225,5 +227,39 @@ func TestMetricsCountOutcomes(t *testing.T) {
 		if !strings.Contains(string(r.body), want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+}
+
+// uuidV7 returns a UUIDv7 string whose timestamp is t.
+func uuidV7(t time.Time) string {
+	var b [16]byte
+	ms := uint64(t.UnixMilli())
+	for i := 0; i < 6; i++ {
+		b[i] = byte(ms >> (40 - 8*i))
+	}
+	rand.Read(b[6:]) //nolint:errcheck // crypto/rand never fails
+	b[6] = b[6]&0x0f | 0x70
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// A UUIDv7 key older than retention is refused, never executed; one from the future is invalid;
+// a current one works.
+func TestUUIDv7KeyExpiry(t *testing.T) {
+	ledgerBefore, recsBefore := totals(t)
+	old := post(t, uuidV7(time.Now().Add(-env.cfg.Idempotency.Retention-time.Hour)), transferBody(13001, 1, 5))
+	if old.status != http.StatusUnprocessableEntity || old.problemType() != "idempotency-key-expired" {
+		t.Errorf("key older than retention: %d %s, want 422 idempotency-key-expired", old.status, old.body)
+	}
+	future := post(t, uuidV7(time.Now().Add(time.Hour)), transferBody(13001, 1, 5))
+	if future.status != http.StatusBadRequest || future.problemType() != "invalid-idempotency-key" {
+		t.Errorf("key from the future: %d %s, want 400 invalid-idempotency-key", future.status, future.body)
+	}
+	if l, r := totals(t); l != ledgerBefore || r != recsBefore {
+		t.Errorf("refused keys wrote rows: ledger %d->%d, records %d->%d", ledgerBefore, l, recsBefore, r)
+	}
+	if r := post(t, uuidV7(time.Now().Add(-time.Hour)), transferBody(13001, 1, 5)); r.status != http.StatusCreated {
+		t.Errorf("recent UUIDv7 key: %d %s, want 201", r.status, r.body)
 	}
 }
