@@ -84,7 +84,7 @@ func serveOn(ctx context.Context, ln net.Listener, cfg *config.Config, m *shardm
 	}()
 	go func() {
 		for {
-			t := srv.Topology() // one topology for both map and pools
+			t := srv.Topology()                                         // one topology for both map and pools
 			upkeep(bg, cfg, t.Map, t.Pool, logWriter{log}, upkeepStats) //nolint:errcheck // logged per shard; retried next round
 			select {
 			case <-bg.Done():
