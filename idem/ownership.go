@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -76,7 +77,8 @@ const (
 	Revoke Phase = iota + 1
 	// Grant makes the shard own exactly the new ranges.
 	Grant
-	// Settle forgets moving ranges once their rows have been copied to their new owners.
+	// Settle deletes the rows of moving ranges, which their new owners now hold, and forgets
+	// the moving ranges.
 	Settle
 )
 
@@ -96,6 +98,11 @@ func ApplyOwnership(ctx context.Context, pool *pgxpool.Pool, o Ownership, phase 
 		}
 		if cur.MapVersion > o.MapVersion {
 			return fmt.Errorf("%w: shard %s is at version %d, refusing version %d", ErrOlderMap, o.Shard, cur.MapVersion, o.MapVersion)
+		}
+		if phase == Settle {
+			if err := deleteMovedRows(ctx, tx); err != nil {
+				return err
+			}
 		}
 		active, moving := o.Ranges, cur.Moving
 		switch phase {
@@ -135,6 +142,22 @@ func ApplyOwnership(ctx context.Context, pool *pgxpool.Pool, o Ownership, phase 
 				map_version = EXCLUDED.map_version, updated_at = now()`, o.Shard, o.MapVersion)
 		return err
 	})
+}
+
+// inRangeOf is true for a row whose keyspace_id lies in an owned range with the given activity.
+const inRangeOf = `EXISTS (SELECT 1 FROM shardgate_owned_range o
+	WHERE o.active = %t AND t.keyspace_id >= o.lo AND (o.hi IS NULL OR t.keyspace_id < o.hi))`
+
+// deleteMovedRows removes the rows of ranges that moved away, once their new owners hold
+// copies: left behind they would count a moved transfer twice in any sum over shards.
+func deleteMovedRows(ctx context.Context, tx pgx.Tx) error {
+	for _, table := range []string{"idempotency_record", "ledger_entries"} {
+		q := fmt.Sprintf("DELETE FROM %s t WHERE %s AND NOT %s", table, fmt.Sprintf(inRangeOf, false), fmt.Sprintf(inRangeOf, true))
+		if _, err := tx.Exec(ctx, q); err != nil {
+			return fmt.Errorf("delete moved rows from %s: %w", table, err)
+		}
+	}
+	return nil
 }
 
 // bounds returns r's bounds as stored: sign-flipped, hi nil when r runs to the end.
@@ -196,6 +219,9 @@ type MoveReport struct {
 // A shard missing from m is not touched: remove a shard only after a map without its ranges
 // has been applied.
 func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpool.Pool, iv Interval) ([]MoveReport, error) {
+	if err := checkHolders(ctx, m, pool); err != nil {
+		return nil, err
+	}
 	owned := m.Ownership()
 	apply := func(phase Phase) error {
 		for _, s := range m.Shards {
@@ -240,6 +266,36 @@ func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgx
 	return moves, apply(Settle)
 }
 
+// checkHolders refuses an apply that would lose track of rows: a shard whose DSN reaches the
+// database of another shard, or, once the cluster has been given ownership, key ranges that no
+// shard of m holds (active or moving) — they are held by a shard missing from m, whose rows
+// would be left behind and whose keys would then apply a second time on their new owner.
+func checkHolders(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool) error {
+	var held []shardmap.KeyRange
+	initialized := false
+	for _, s := range m.Shards {
+		o, err := ReadOwnership(ctx, pool(s.Name))
+		if err != nil {
+			return fmt.Errorf("shard %s: %w", s.Name, err)
+		}
+		if o.Shard != "" && o.Shard != s.Name {
+			return fmt.Errorf("shard %s: its DSN reaches the database of shard %s; fix the DSN", s.Name, o.Shard)
+		}
+		initialized = initialized || o.MapVersion > 0
+		held = append(held, o.Ranges...)
+		held = append(held, o.Moving...)
+	}
+	if !initialized {
+		return nil // a new cluster: nothing is held anywhere yet
+	}
+	sort.Slice(held, func(i, j int) bool { return held[i].Lo() < held[j].Lo() })
+	if !covers(held, shardmap.KeyRange{}) {
+		return errors.New("some key ranges are held by no shard of this map: a shard removed from the map still owns them. " +
+			"Put it back with `ranges: []`, apply (its rows move to their new owners), and only then remove it")
+	}
+	return nil
+}
+
 // intersect returns the stored (sign-flipped) bounds of a ∩ b; hi nil means to the end.
 func intersect(a, b shardmap.KeyRange) (lo int64, hi *int64, ok bool) {
 	alo, ahi := bounds(a)
@@ -276,6 +332,19 @@ func copyRange(ctx context.Context, src, dst *pgxpool.Pool, lo int64, hi *int64,
 		}
 	}
 	return pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
+		// A destination already serving the range (an apply run again after its grant) has its
+		// copy: copying again could race its own transfers.
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1, $2)", lockClass, lockOwnership); err != nil {
+			return err
+		}
+		var serving bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM shardgate_owned_range
+			WHERE active AND ($2::bigint IS NULL OR lo < $2) AND (hi IS NULL OR hi > $1))`, lo, hi).Scan(&serving); err != nil {
+			return err
+		}
+		if serving {
+			return nil
+		}
 		steps := []struct {
 			table, cols, insert string
 			count               *int64

@@ -344,14 +344,15 @@ func (s *Server) shardFailure(w http.ResponseWriter, shard string, err error) st
 }
 
 // retryableSQLState reports server errors that say "not now" rather than "never": connection
-// exceptions, transaction rollbacks (serialization, deadlock), insufficient resources, operator
-// intervention (shutdown, cancel) and system errors.
+// exceptions, transaction rollbacks (serialization, deadlock), object not in prerequisite state
+// (lock timeout), insufficient resources, operator intervention (shutdown, cancel), system
+// errors, and a read-only transaction (a shard that failed over to a standby).
 func retryableSQLState(code string) bool {
 	switch code[:2] {
-	case "08", "40", "53", "57", "58":
+	case "08", "40", "53", "55", "57", "58":
 		return true
 	}
-	return false
+	return code == "25006"
 }
 
 // writeStored writes a response exactly as stored; a replay adds Idempotent-Replayed: true.

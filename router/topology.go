@@ -130,6 +130,9 @@ func openPool(s shardmap.Shard, sp config.ShardPool) (*pgxpool.Pool, error) {
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "shardgate"
 	}
+	// shardgate_transfer relies on READ COMMITTED (a fresh snapshot after its key lock); a
+	// database default of REPEATABLE READ must not change that.
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed"
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("shard %s: %w", s.Name, err)

@@ -307,12 +307,16 @@ func (c *checker) shard(n *yaml.Node, index int, firstLine map[string]int) (s Sh
 	ok = true
 	rn := fields["ranges"]
 	switch {
-	case rn == nil || isNull(rn) || rn.Kind == yaml.SequenceNode && len(rn.Content) == 0:
+	case rn == nil || isNull(rn):
 		line := n.Line
 		if rn != nil {
 			line = rn.Line
 		}
-		c.add(line, label+" has no ranges", `add ranges: ["START-END", ...], or remove the shard if it should own nothing`)
+		c.add(line, label+" has no ranges", `add ranges: ["START-END", ...]; write ranges: [] for a shard being drained before its removal`)
+		return s, nil, true
+	case rn.Kind == yaml.SequenceNode && len(rn.Content) == 0:
+		// An explicit empty list is a drained shard: it owns nothing, but stays in the map so that
+		// `router shardmap apply` can revoke its ranges and move its rows before it is removed.
 		return s, nil, true
 	case rn.Kind != yaml.SequenceNode:
 		c.add(rn.Line, "ranges of "+label+" must be a list", `write ranges: ["80-c0"], even for a single range`)

@@ -358,14 +358,6 @@ func TestParseProblems(t *testing.T) {
 			"    dsn: host=h",
 			`    ranges: "-"`,
 		), []want{{5, `ranges of shard "a" must be a list`}}},
-		{"ranges empty", doc(
-			"version: 7",
-			"shards:",
-			"  - {name: a, dsn: host=h, ranges: [-]}",
-			"  - name: b",
-			"    dsn: host=g",
-			"    ranges: []",
-		), []want{{6, `shard "b" has no ranges`}}},
 		{"ranges missing", doc(
 			"version: 7",
 			"shards:",
@@ -529,5 +521,25 @@ func TestLoad(t *testing.T) {
 	_, err = Load(path)
 	if err == nil || !strings.HasPrefix(err.Error(), path+":1: shards is missing") {
 		t.Errorf("Load of an invalid file: %v", err)
+	}
+}
+
+// A shard listed with ranges: [] is being drained: it is in the map (so `shardmap apply` can
+// move its rows away) but owns nothing.
+func TestDrainedShardOwnsNothing(t *testing.T) {
+	m, err := Parse("shardmap.yaml", []byte("version: 3\nshards:\n  - name: a\n    dsn: host=h\n    ranges: [\"-\"]\n  - name: old\n    dsn: host=g\n    ranges: []\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := m.Shard("old"); s == nil || len(s.Ranges) != 0 {
+		t.Fatalf("drained shard: %+v", s)
+	}
+	for _, id := range []uint64{0, 1 << 63, ^uint64(0)} {
+		if s, _ := m.ShardFor(id); s.Name != "a" {
+			t.Errorf("keyspace id %x routed to %s", id, s.Name)
+		}
+	}
+	if len(m.Ownership()["old"]) != 0 {
+		t.Error("drained shard owns ranges")
 	}
 }

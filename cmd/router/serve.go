@@ -28,6 +28,7 @@ import (
 const (
 	mapPollInterval = time.Second
 	upkeepInterval  = time.Hour
+	upkeepRetry     = time.Minute
 	shutdownTimeout = 30 * time.Second
 )
 
@@ -66,7 +67,7 @@ func serveOn(ctx context.Context, ln net.Listener, cfg *config.Config, m *shardm
 	}
 	bg, stopBG := context.WithCancel(context.Background())
 	defer stopBG()
-	go watchMap(bg, cfg.ShardmapPath, trigger)
+	go watchMap(bg, cfg.ShardmapPath, fileStamp(cfg.ShardmapPath), trigger)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
@@ -84,12 +85,15 @@ func serveOn(ctx context.Context, ln net.Listener, cfg *config.Config, m *shardm
 	}()
 	go func() {
 		for {
-			t := srv.Topology()                                         // one topology for both map and pools
-			upkeep(bg, cfg, t.Map, t.Pool, logWriter{log}, upkeepStats) //nolint:errcheck // logged per shard; retried next round
+			t := srv.Topology() // one topology for both map and pools
+			next := upkeepInterval
+			if err := upkeep(bg, cfg, t.Map, t.Pool, logWriter{log}, upkeepStats); err != nil {
+				next = upkeepRetry // logged per shard; try again soon, not in an hour
+			}
 			select {
 			case <-bg.Done():
 				return
-			case <-time.After(upkeepInterval):
+			case <-time.After(next):
 			}
 		}
 	}()
@@ -182,18 +186,10 @@ func serverTLS(c config.TLS) (*tls.Config, error) {
 	return tc, nil
 }
 
-// watchMap calls changed whenever the map file's size or modification time changes. Polling
-// needs no extra dependency and also sees a file replaced by a rename (as editors and
-// Kubernetes ConfigMap updates do).
-func watchMap(ctx context.Context, path string, changed func()) {
-	stamp := func() string {
-		fi, err := os.Stat(path)
-		if err != nil {
-			return ""
-		}
-		return fmt.Sprint(fi.Size(), fi.ModTime().UnixNano())
-	}
-	last := stamp()
+// watchMap calls changed whenever the map file's size or modification time moves away from
+// last. Polling needs no extra dependency and also sees a file replaced by a rename (as editors
+// and Kubernetes ConfigMap updates do).
+func watchMap(ctx context.Context, path, last string, changed func()) {
 	t := time.NewTicker(mapPollInterval)
 	defer t.Stop()
 	for {
@@ -201,12 +197,21 @@ func watchMap(ctx context.Context, path string, changed func()) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if s := stamp(); s != last && s != "" {
+			if s := fileStamp(path); s != last && s != "" {
 				last = s
 				changed()
 			}
 		}
 	}
+}
+
+// fileStamp identifies a version of a file by size and modification time; "" if it is unreadable.
+func fileStamp(path string) string {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprint(fi.Size(), fi.ModTime().UnixNano())
 }
 
 // logWriter turns upkeep's per-shard report lines into log records.

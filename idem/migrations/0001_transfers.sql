@@ -106,7 +106,12 @@ CREATE FUNCTION shardgate_transfer(
     p_transfer_id text, p_client text, p_src bigint, p_dst bigint, p_amount bigint,
     p_currency text, p_reference text, p_response jsonb,
     OUT outcome text, OUT stored_response jsonb, OUT shard_map_version bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql
+-- No lock wait inside a transfer is legitimate for long (an ownership change, a DBA's LOCK
+-- TABLE): give up and let the client retry rather than strand the backend after the router's
+-- own deadline has passed.
+SET lock_timeout = '10s'
+AS $fn$
 BEGIN
     -- Shared with every transfer, exclusive for an ownership change (idem.ApplyOwnership), so a
     -- range is never revoked under a transfer that already checked it.

@@ -227,15 +227,18 @@ shard_pool:
   retry_after: 2s
 `
 
-// writeMap writes a shard map giving shard-i the comma-separated ranges[i]. dsnSuffix is
+// writeMap writes a shard map giving shard-i the comma-separated ranges[i] (none if empty; a
+// shard past the end of ranges is left out of the map). dsnSuffix is
 // appended to every DSN (a way to change DSNs without changing servers).
 func writeMap(path string, version int, ranges []string, dsnSuffix ...string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "version: %d\nshards:\n", version)
-	for i, s := range env.servers {
+	for i, s := range env.servers[:len(ranges)] {
 		var quoted []string
 		for _, r := range strings.Split(ranges[i], ",") {
-			quoted = append(quoted, fmt.Sprintf("%q", r))
+			if r != "" { // "" leaves the shard drained: ranges: []
+				quoted = append(quoted, fmt.Sprintf("%q", r))
+			}
 		}
 		fmt.Fprintf(&b, "  - name: shard-%d\n    dsn: %s%s\n    ranges: [%s]\n", i, s.DSN(), strings.Join(dsnSuffix, ""), strings.Join(quoted, ", "))
 	}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -174,6 +175,9 @@ func TestRangeMoveFencesStaleRouter(t *testing.T) {
 	if n := ledgerRows(t, "shard-1", transferID(acct, before)); n != 1 {
 		t.Errorf("moved transfer: %d rows on shard-1, want 1", n)
 	}
+	if n := ledgerRows(t, "shard-0", transferID(acct, before)); n != 0 {
+		t.Errorf("moved transfer: %d rows left on shard-0, want 0 (it would count twice)", n)
+	}
 
 	after := newKey()
 	if r := doAt(t, freshURL, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": after}, body); r.status != http.StatusCreated {
@@ -196,5 +200,49 @@ func TestRangeMoveFencesStaleRouter(t *testing.T) {
 	}
 	if n := ledgerRows(t, "shard-1", transferID(acct, after)); n != 1 {
 		t.Errorf("key %s has %d rows on the new owner, want exactly 1", after, n)
+	}
+}
+
+// Removing a shard: a map that simply leaves it out is refused while it still holds ranges
+// (its rows would stay behind and its keys apply again elsewhere); draining it with ranges: []
+// moves its rows to the new owner, after which its keys replay there.
+func TestRemovingAShardMovesItsRowsFirst(t *testing.T) {
+	ctx := context.Background()
+	mapPath := filepath.Join(t.TempDir(), "shardmap.yaml")
+	pools := func(s string) *pgxpool.Pool { return env.pools[s] }
+	t.Cleanup(func() {
+		if err := writeMap(mapPath, 32, []string{"-80", "80-"}); err != nil {
+			t.Error(err)
+		}
+		if _, err := idem.ApplyMap(ctx, mustLoad(t, mapPath), pools, idem.Daily); err != nil {
+			t.Error(err)
+		}
+	})
+	acct := accountOn("shard-1", 60000)
+	key, body := newKey(), transferBody(acct, 3, 17)
+	first := post(t, key, body)
+	if first.status != http.StatusCreated {
+		t.Fatalf("first: %d %s", first.status, first.body)
+	}
+
+	if err := writeMap(mapPath, 30, []string{"-"}); err != nil { // shard-1 simply left out
+		t.Fatal(err)
+	}
+	if _, err := idem.ApplyMap(ctx, mustLoad(t, mapPath), pools, idem.Daily); err == nil || !strings.Contains(err.Error(), "removed from the map") {
+		t.Fatalf("apply without the removed shard: %v, want a refusal", err)
+	}
+	if err := writeMap(mapPath, 31, []string{"-", ""}); err != nil { // shard-1 drained
+		t.Fatal(err)
+	}
+	if _, err := idem.ApplyMap(ctx, mustLoad(t, mapPath), pools, idem.Daily); err != nil {
+		t.Fatal(err)
+	}
+	_, base := newRouter(t, mapPath)
+	again := doAt(t, base, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": key}, body)
+	if again.status != http.StatusCreated || again.header.Get("Idempotent-Replayed") != "true" || string(again.body) != string(first.body) {
+		t.Fatalf("retry after the drain: %d %s, want the replay from shard-0", again.status, again.body)
+	}
+	if a, b := ledgerRows(t, "shard-0", transferID(acct, key)), ledgerRows(t, "shard-1", transferID(acct, key)); a != 1 || b != 0 {
+		t.Errorf("after the drain: %d rows on shard-0, %d on shard-1; want 1 and 0", a, b)
 	}
 }
