@@ -420,7 +420,7 @@ func (s *Server) run(ctx context.Context, pick, retryBusy bool) error {
 	for attempt := 1; ; attempt++ {
 		port := s.port
 		if pick {
-			p, err := freePort()
+			p, err := FreePort()
 			if err != nil {
 				return err
 			}

@@ -9,11 +9,11 @@ import (
 	"strings"
 )
 
-// lowestPort is the bottom of the range freePort draws from, clear of
+// lowestPort is the bottom of the range FreePort draws from, clear of
 // privileged ports and the usual well-known service ports.
 const lowestPort = 10000
 
-// freePort returns a TCP port on 127.0.0.1 that nothing is listening on.
+// FreePort returns a TCP port on 127.0.0.1 that nothing is listening on.
 //
 // It prefers ports below the kernel's ephemeral range over asking for port 0:
 // an ephemeral port can be handed to some client's outgoing connection, and
@@ -21,7 +21,7 @@ const lowestPort = 10000
 // on it; ports below the range are taken only by explicit binds. Whichever
 // way, another process can still take the port before postgres binds it, so
 // callers retry on a bind failure.
-func freePort() (int, error) {
+func FreePort() (int, error) {
 	if top := ephemeralLow() - 1; top-lowestPort >= 1000 {
 		for range 20 {
 			port := lowestPort + rand.IntN(top-lowestPort+1)
@@ -40,7 +40,7 @@ func freePort() (int, error) {
 }
 
 // ephemeralLow returns the first port of the kernel's ephemeral range, or 0
-// when it can't be read (which makes freePort fall back to port 0).
+// when it can't be read (which makes FreePort fall back to port 0).
 func ephemeralLow() int {
 	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 	if err != nil {

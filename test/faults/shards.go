@@ -13,7 +13,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -31,6 +30,8 @@ import (
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 	"github.com/testcontainers/testcontainers-go/network"
 	"github.com/testcontainers/testcontainers-go/wait"
+
+	"github.com/shardgate/shardgate/localpg"
 )
 
 // Label marks every container and network this package creates, so a CI step can sweep what a
@@ -159,7 +160,7 @@ func (c *Cluster) startShard(ctx context.Context, image, alias string) (*Shard, 
 	var err error
 	for range 3 {
 		var port int
-		if port, err = freePort(); err != nil {
+		if port, err = localpg.FreePort(); err != nil {
 			return nil, err
 		}
 		var s *Shard
@@ -415,42 +416,4 @@ func (s *Shard) Close() error {
 		err = errors.Join(err, c.removeNetwork())
 	}
 	return err
-}
-
-// lowestPort is the bottom of the range freePort draws from, clear of well-known ports.
-const lowestPort = 20000
-
-// freePort returns a TCP port free on 127.0.0.1, below the kernel's ephemeral range when it can:
-// a stopped shard keeps its port until Restart, and an ephemeral port could be handed to some
-// outgoing connection meanwhile. Another process can still take the port before Docker binds
-// it; StartCluster retries then.
-func freePort() (int, error) {
-	top := ephemeralLow() - 1
-	for range 50 {
-		if top-lowestPort < 1000 {
-			break
-		}
-		port := lowestPort + mrand.IntN(top-lowestPort+1)
-		if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err == nil {
-			l.Close()
-			return port, nil
-		}
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("finding a free port on 127.0.0.1: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// ephemeralLow returns the first port of the kernel's ephemeral range, or 0 when it cannot be
-// read (freePort then asks for port 0).
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 0
-	}
-	low, _ := strconv.Atoi(strings.Fields(string(b) + " 0")[0])
-	return low
 }
