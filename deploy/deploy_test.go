@@ -254,8 +254,8 @@ func TestKubernetesManifests(t *testing.T) {
 	if p := c.LivenessProbe; p == nil || p.HTTPGet.Path != "/healthz" {
 		t.Errorf("liveness probe %+v, want GET /healthz", p)
 	}
-	if p := c.ReadinessProbe; p == nil || p.HTTPGet.Path != "/readyz" {
-		t.Errorf("readiness probe %+v, want GET /readyz", p)
+	if p := c.ReadinessProbe; p == nil || p.HTTPGet.Path != "/readyz?partial=1" {
+		t.Errorf("readiness probe %+v, want GET /readyz?partial=1", p)
 	}
 	ports := map[string]bool{}
 	for _, p := range c.Ports {

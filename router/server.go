@@ -412,7 +412,10 @@ func (s *Server) getTransfer(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// readyz is ready when a map is loaded and every shard answers within a second.
+// readyz is ready when a map is loaded and every shard answers within a second. With
+// ?partial=1 one reachable shard is enough: a load balancer probing that way keeps routing to
+// the healthy shards when one is down, instead of taking every router out at once (a down
+// shard's own requests get 503 anyway).
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	topo := s.holdTopology()
 	defer topo.release()
@@ -433,11 +436,15 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		})
 	}
 	wg.Wait()
-	code := http.StatusOK
+	reachable := 0
 	for _, v := range status {
-		if v != "ok" {
-			code = http.StatusServiceUnavailable
+		if v == "ok" {
+			reachable++
 		}
+	}
+	code := http.StatusOK
+	if reachable == 0 || reachable < len(status) && r.URL.Query().Get("partial") != "1" {
+		code = http.StatusServiceUnavailable
 	}
 	writeJSON(w, code, map[string]any{"shardmap_version": topo.Map.Version, "shards": status})
 }

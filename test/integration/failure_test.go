@@ -263,3 +263,27 @@ func TestUUIDv7KeyExpiry(t *testing.T) {
 		t.Errorf("recent UUIDv7 key: %d %s, want 201", r.status, r.body)
 	}
 }
+
+// /readyz wants every shard; /readyz?partial=1 is satisfied by one.
+func TestReadyzWithAShardDown(t *testing.T) {
+	if r := do(t, http.MethodGet, "/readyz", nil, ""); r.status != http.StatusOK {
+		t.Fatalf("all shards up: %d %s", r.status, r.body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := env.servers[1].Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := env.servers[1].Restart(ctx); err != nil {
+			t.Error(err)
+		}
+		env.pools["shard-1"].Reset()
+	}()
+	if r := do(t, http.MethodGet, "/readyz", nil, ""); r.status != http.StatusServiceUnavailable || !strings.Contains(string(r.body), `"shard-1":"unreachable"`) {
+		t.Errorf("a shard down: %d %s, want 503 naming shard-1", r.status, r.body)
+	}
+	if r := do(t, http.MethodGet, "/readyz?partial=1", nil, ""); r.status != http.StatusOK {
+		t.Errorf("a shard down, partial: %d %s, want 200", r.status, r.body)
+	}
+}
