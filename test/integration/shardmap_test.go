@@ -117,8 +117,9 @@ func TestRangeMoveFencesStaleRouter(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	current, stale := filepath.Join(dir, "current.yaml"), filepath.Join(dir, "stale.yaml")
+	v := nextVersion(t)
 	for _, p := range []string{current, stale} {
-		if err := writeMap(p, 10, []string{"-80", "80-"}); err != nil {
+		if err := writeMap(p, v, []string{"-80", "80-"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -130,7 +131,7 @@ func TestRangeMoveFencesStaleRouter(t *testing.T) {
 	_, staleURL := newRouter(t, stale)
 	t.Cleanup(func() {
 		// Give the range back to shard-0 for the rest of the suite.
-		if err := writeMap(current, 12, []string{"-80", "80-"}); err != nil {
+		if err := writeMap(current, v+2, []string{"-80", "80-"}); err != nil {
 			t.Error(err)
 		}
 		if _, err := idem.ApplyMap(ctx, mustLoad(t, current), pools, idem.Daily); err != nil {
@@ -153,7 +154,7 @@ func TestRangeMoveFencesStaleRouter(t *testing.T) {
 		t.Fatalf("before the move: %d %s", first.status, first.body)
 	}
 
-	if err := writeMap(current, 11, []string{"-40", "40-"}); err != nil {
+	if err := writeMap(current, v+1, []string{"-40", "40-"}); err != nil {
 		t.Fatal(err)
 	}
 	moves, err := idem.ApplyMap(ctx, mustLoad(t, current), pools, idem.Daily)
@@ -169,8 +170,8 @@ func TestRangeMoveFencesStaleRouter(t *testing.T) {
 	if again.status != http.StatusCreated || again.header.Get("Idempotent-Replayed") != "true" || string(again.body) != string(first.body) {
 		t.Fatalf("retry after the move: %d %s, want the replay", again.status, again.body)
 	}
-	if fresh.Topology().Map.Version != 11 {
-		t.Errorf("router serves version %d after the refusal, want 11", fresh.Topology().Map.Version)
+	if got := fresh.Topology().Map.Version; got != int64(v+1) {
+		t.Errorf("router serves version %d after the refusal, want %d", got, v+1)
 	}
 	if n := ledgerRows(t, "shard-1", transferID(acct, before)); n != 1 {
 		t.Errorf("moved transfer: %d rows on shard-1, want 1", n)
@@ -187,7 +188,7 @@ func TestRangeMoveFencesStaleRouter(t *testing.T) {
 		t.Errorf("new transfer: %d rows on shard-0, %d on shard-1; want it on the new owner only", a, b)
 	}
 
-	// The stale router (its file still says version 10) is refused by shard-0 for the same key
+	// The stale router (its file still has the version before the move) is refused by shard-0 for the same key
 	// and for a new one: nothing is applied on the old owner.
 	for _, key := range []string{after, newKey()} {
 		r := doAt(t, staleURL, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": key}, body)
@@ -210,8 +211,9 @@ func TestRemovingAShardMovesItsRowsFirst(t *testing.T) {
 	ctx := context.Background()
 	mapPath := filepath.Join(t.TempDir(), "shardmap.yaml")
 	pools := func(s string) *pgxpool.Pool { return env.pools[s] }
+	v := nextVersion(t)
 	t.Cleanup(func() {
-		if err := writeMap(mapPath, 32, []string{"-80", "80-"}); err != nil {
+		if err := writeMap(mapPath, v+2, []string{"-80", "80-"}); err != nil {
 			t.Error(err)
 		}
 		if _, err := idem.ApplyMap(ctx, mustLoad(t, mapPath), pools, idem.Daily); err != nil {
@@ -225,13 +227,13 @@ func TestRemovingAShardMovesItsRowsFirst(t *testing.T) {
 		t.Fatalf("first: %d %s", first.status, first.body)
 	}
 
-	if err := writeMap(mapPath, 30, []string{"-"}); err != nil { // shard-1 simply left out
+	if err := writeMap(mapPath, v, []string{"-"}); err != nil { // shard-1 simply left out
 		t.Fatal(err)
 	}
 	if _, err := idem.ApplyMap(ctx, mustLoad(t, mapPath), pools, idem.Daily); err == nil || !strings.Contains(err.Error(), "removed from the map") {
 		t.Fatalf("apply without the removed shard: %v, want a refusal", err)
 	}
-	if err := writeMap(mapPath, 31, []string{"-", ""}); err != nil { // shard-1 drained
+	if err := writeMap(mapPath, v+1, []string{"-", ""}); err != nil { // shard-1 drained
 		t.Fatal(err)
 	}
 	if _, err := idem.ApplyMap(ctx, mustLoad(t, mapPath), pools, idem.Daily); err != nil {
@@ -245,4 +247,18 @@ func TestRemovingAShardMovesItsRowsFirst(t *testing.T) {
 	if a, b := ledgerRows(t, "shard-0", transferID(acct, key)), ledgerRows(t, "shard-1", transferID(acct, key)); a != 1 || b != 0 {
 		t.Errorf("after the drain: %d rows on shard-0, %d on shard-1; want 1 and 0", a, b)
 	}
+}
+
+// nextVersion is a shard map version above every version the shards follow now.
+func nextVersion(t testing.TB) int {
+	t.Helper()
+	v := int64(0)
+	for name, p := range env.pools {
+		o, err := idem.ReadOwnership(context.Background(), p)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		v = max(v, o.MapVersion)
+	}
+	return int(v) + 1
 }
