@@ -92,29 +92,17 @@ tls:
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := shardmap.Parse("shardmap.yaml", []byte("version: 1\nshards:\n  - name: s\n    dsn: postgres://u@127.0.0.1:1/db\n    ranges: [\"-\"]\n"), nil)
-	if err != nil {
+	mapPath := filepath.Join(dir, "shardmap.yaml")
+	if err := os.WriteFile(mapPath, []byte(oneShardMap), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- serveOn(ctx, ln, cfg, m, slog.New(slog.NewTextHandler(io.Discard, nil)), nil) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	}()
+	addr := startServe(t, cfg, mapPath)
 
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.Leaf)
 	get := func(certs ...tls.Certificate) (int, error) {
 		c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, Certificates: certs}}}
-		resp, err := c.Get("https://" + ln.Addr().String() + "/healthz")
+		resp, err := c.Get("https://" + addr + "/healthz")
 		if err != nil {
 			return 0, err
 		}
@@ -152,27 +140,9 @@ func TestServeReloadsOnFileChangeAndSIGHUP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := shardmap.Load(mapPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	ready := make(chan struct{})
-	go func() {
-		done <- serveOn(ctx, ln, cfg, m, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string) { close(ready) })
-	}()
-	defer func() {
-		cancel()
-		<-done
-	}()
-	<-ready
+	addr := startServe(t, cfg, mapPath)
 	version := func() int64 {
-		resp, err := http.Get("http://" + ln.Addr().String() + "/admin/shardmap")
+		resp, err := http.Get("http://" + addr + "/admin/shardmap")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -215,3 +185,38 @@ func TestServeReloadsOnFileChangeAndSIGHUP(t *testing.T) {
 	}
 	waitVersion(4)
 }
+
+// startServe runs serveOn on a loopback listener with cfg and the map at mapPath until the test
+// ends, and returns the address once the router accepts requests.
+func startServe(t *testing.T, cfg *config.Config, mapPath string) string {
+	t.Helper()
+	m, err := shardmap.Load(mapPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	ready := make(chan struct{})
+	go func() {
+		done <- serveOn(ctx, ln, cfg, m, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string) { close(ready) })
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("serve ended before it was ready: %v", err)
+	}
+	return ln.Addr().String()
+}
+
+// oneShardMap is a valid map whose only shard is never reached by these tests.
+const oneShardMap = "version: 1\nshards:\n  - name: s\n    dsn: postgres://u@127.0.0.1:1/db\n    ranges: [\"-\"]\n"
