@@ -89,11 +89,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(stderr, "router: %v\n", err)
 	if errors.Is(err, errUsage) {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprintf(stderr, "router: %v (run `router help` for usage)\n", err)
 		return 2
 	}
+	fmt.Fprintf(stderr, "router: %v\n", err)
 	return 1
 }
 
