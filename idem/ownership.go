@@ -17,6 +17,23 @@ import (
 // ErrOlderMap means a shard already follows a newer shard map than the one being applied.
 var ErrOlderMap = errors.New("shard already follows a newer shard map")
 
+// ErrChangedMap means a shard follows the map's version already, with other ranges: the map was
+// changed without raising its version.
+var ErrChangedMap = errors.New("shard map changed without a new version")
+
+// sameRanges reports whether a and b hold the same ranges, in any order.
+func sameRanges(a, b []shardmap.KeyRange) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, r := range a {
+		if !containsRange(b, r) {
+			return false
+		}
+	}
+	return true
+}
+
 // Ownership is what one shard owns at one shard map version.
 type Ownership struct {
 	Shard      string
@@ -99,6 +116,17 @@ func ApplyOwnership(ctx context.Context, pool *pgxpool.Pool, o Ownership, phase 
 		if cur.MapVersion > o.MapVersion {
 			return fmt.Errorf("%w: shard %s is at version %d, refusing version %d", ErrOlderMap, o.Shard, cur.MapVersion, o.MapVersion)
 		}
+		if phase == Revoke && cur.MapVersion == o.MapVersion && !sameRanges(cur.Ranges, o.Ranges) {
+			// The shard was granted this version already, with other ranges: routers would keep
+			// the old map (they refuse a changed map under the same version) and never agree.
+			return fmt.Errorf("%w: shard %s owns %v at version %d, the map gives it %v; raise the version", ErrChangedMap, o.Shard, cur.Ranges, o.MapVersion, o.Ranges)
+		}
+		// A revoke keeps the shard's version: only a grant says the shard follows the new map,
+		// so a resumed apply is told apart from a changed map under the same version.
+		version := o.MapVersion
+		if phase == Revoke {
+			version = cur.MapVersion
+		}
 		if phase == Settle {
 			if err := deleteMovedRows(ctx, tx); err != nil {
 				return err
@@ -139,7 +167,7 @@ func ApplyOwnership(ctx context.Context, pool *pgxpool.Pool, o Ownership, phase 
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO shardgate_shard (shard_name, map_version) VALUES ($1, $2)
 			ON CONFLICT (singleton) DO UPDATE SET shard_name = EXCLUDED.shard_name,
-				map_version = EXCLUDED.map_version, updated_at = now()`, o.Shard, o.MapVersion)
+				map_version = EXCLUDED.map_version, updated_at = now()`, o.Shard, version)
 		return err
 	})
 }

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -163,6 +164,13 @@ func TestRangeMoveFencesStaleRouter(t *testing.T) {
 	}
 	if len(moves) != 1 || moves[0].From != "shard-0" || moves[0].To != "shard-1" || moves[0].Records < 1 || moves[0].Ledger < 1 {
 		t.Fatalf("moves %+v, want rows of 40-80 copied from shard-0 to shard-1", moves)
+	}
+	// The same version with other ranges is refused by the shards, as by the routers.
+	if err := writeMap(filepath.Join(dir, "changed.yaml"), v+1, []string{"-20", "20-"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idem.ApplyMap(ctx, mustLoad(t, filepath.Join(dir, "changed.yaml")), pools, idem.Daily); !errors.Is(err, idem.ErrChangedMap) {
+		t.Errorf("a changed map under version %d: %v, want ErrChangedMap", v+1, err)
 	}
 	// The router on the current file learns the new map from the shard's refusal, reloads and
 	// routes again: the retry of a key completed before the move replays on the new owner.
