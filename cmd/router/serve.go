@@ -48,6 +48,9 @@ func serveOn(ctx context.Context, ln net.Listener, cfg *config.Config, m *shardm
 	if cfg.Auth.Mode == "none" {
 		log.Warn("AUTHENTICATION IS OFF (auth.mode: none): every request is the client \"anonymous\"; use this for local development only")
 	}
+	if cfg.Admin.Listen == "" && cfg.Admin.TokenSHA256 == nil {
+		log.Warn("/metrics and /admin/* are served without credentials on the API listener; set admin.listen or admin.token_sha256 to protect them")
+	}
 	topo, err := router.OpenTopology(m, nil, cfg.ShardPool)
 	if err != nil {
 		ln.Close()
