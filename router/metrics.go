@@ -81,8 +81,8 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(mapVersion, prometheus.GaugeValue, float64(t.Map.Version))
-	for name, p := range t.pools {
-		st := p.Stat()
+	for name, c := range t.shards {
+		st := c.pool.Stat()
 		ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.AcquiredConns()), name, "acquired")
 		ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.IdleConns()), name, "idle")
 		ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.ConstructingConns()), name, "constructing")

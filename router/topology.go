@@ -17,7 +17,6 @@ import (
 // builds a new Topology and swaps it in, so a request keeps the map it started with.
 type Topology struct {
 	Map    *shardmap.Map
-	pools  map[string]*pgxpool.Pool
 	shards map[string]*shardConn
 
 	// Requests hold the topology while they use its pools; a retired topology takes no new
@@ -86,7 +85,12 @@ func (c *shardConn) enter() error {
 func (c *shardConn) leave() { <-c.slots }
 
 // Pool returns the pool of the named shard, or nil.
-func (t *Topology) Pool(shard string) *pgxpool.Pool { return t.pools[shard] }
+func (t *Topology) Pool(shard string) *pgxpool.Pool {
+	if c := t.shards[shard]; c != nil {
+		return c.pool
+	}
+	return nil
+}
 
 // OpenTopology opens a pool for every shard of m. Pools of prev whose shard keeps its name and
 // DSN are reused rather than reopened. Opening does not connect: a shard that is down makes its
@@ -94,14 +98,12 @@ func (t *Topology) Pool(shard string) *pgxpool.Pool { return t.pools[shard] }
 func OpenTopology(m *shardmap.Map, prev *Topology, sp config.ShardPool) (*Topology, error) {
 	t := &Topology{
 		Map:    m,
-		pools:  make(map[string]*pgxpool.Pool, len(m.Shards)),
 		shards: make(map[string]*shardConn, len(m.Shards)),
 		idle:   make(chan struct{}),
 	}
 	for _, s := range m.Shards {
 		if prev != nil {
 			if old := prev.Map.Shard(s.Name); old != nil && old.DSN == s.DSN {
-				t.pools[s.Name] = prev.pools[s.Name]
 				t.shards[s.Name] = prev.shards[s.Name]
 				continue
 			}
@@ -111,7 +113,6 @@ func OpenTopology(m *shardmap.Map, prev *Topology, sp config.ShardPool) (*Topolo
 			t.closeNotIn(prev)
 			return nil, err
 		}
-		t.pools[s.Name] = pool
 		t.shards[s.Name] = &shardConn{pool: pool, slots: make(chan struct{}, int(sp.MaxConns)+sp.MaxWaiting)}
 	}
 	return t, nil
@@ -143,11 +144,11 @@ func openPool(s shardmap.Shard, sp config.ShardPool) (*pgxpool.Pool, error) {
 // closeNotIn closes the pools of t that other does not share. It blocks until their acquired
 // connections are released, so in-flight requests on them finish first.
 func (t *Topology) closeNotIn(other *Topology) {
-	for name, p := range t.pools {
-		if other != nil && other.pools[name] == p {
+	for name, c := range t.shards {
+		if other != nil && other.shards[name] == c {
 			continue
 		}
-		p.Close()
+		c.pool.Close()
 	}
 }
 
