@@ -128,7 +128,7 @@ func parseKeyValueDSN(dsn string) ([]kvPair, error) {
 		}
 		skipBlanks()
 		if i == len(dsn) || dsn[i] != '=' {
-			return nil, fmt.Errorf("missing '=' after %q", key)
+			return nil, fmt.Errorf("%s is not followed by '='", settingName(key, len(pairs)+1))
 		}
 		i++
 		skipBlanks()
@@ -142,7 +142,7 @@ func parseKeyValueDSN(dsn string) ([]kvPair, error) {
 				i++
 			}
 			if i >= len(dsn) {
-				return nil, fmt.Errorf("unterminated quoted value for %q", key)
+				return nil, fmt.Errorf("the quoted value of %s has no closing quote", settingName(key, len(pairs)+1))
 			}
 			i++ // closing quote
 		} else {
@@ -162,6 +162,38 @@ func parseKeyValueDSN(dsn string) ([]kvPair, error) {
 	return pairs, nil
 }
 
+// settingName names the n-th setting of a key=value DSN for an error
+// message. The word is quoted only when it is a keyword libpq or pgx knows:
+// in a malformed DSN, what sits where a keyword should be may be a piece of
+// a password (password=two words, or a password pasted as the whole DSN).
+func settingName(key string, n int) string {
+	if _, known := dsnKeywords[strings.ToLower(key)]; known {
+		return fmt.Sprintf("setting %d (%q)", n, key)
+	}
+	return fmt.Sprintf("setting %d", n)
+}
+
+// dsnKeywords are the connection settings of libpq (PostgreSQL 15-17) and
+// the pool settings pgxpool reads from a DSN.
+var dsnKeywords = func() map[string]struct{} {
+	m := map[string]struct{}{}
+	for _, k := range strings.Fields(`host hostaddr port dbname user password passfile
+		require_auth channel_binding connect_timeout client_encoding options
+		application_name fallback_application_name keepalives keepalives_idle
+		keepalives_interval keepalives_count tcp_user_timeout replication
+		gssencmode sslmode requiressl sslcompression sslcert sslkey sslpassword
+		sslcertmode sslrootcert sslcrl sslcrldir sslsni sslnegotiation requirepeer
+		ssl_min_protocol_version ssl_max_protocol_version krbsrvname gsslib
+		gssdelegation service target_session_attrs load_balance_hosts
+		pool_max_conns pool_min_conns pool_min_idle_conns pool_max_conn_lifetime
+		pool_max_conn_lifetime_jitter pool_max_conn_idle_time
+		pool_health_check_period default_query_exec_mode statement_cache_capacity
+		description_cache_capacity min_read_buffer_size`) {
+		m[k] = struct{}{}
+	}
+	return m
+}()
+
 // isBlank matches C isspace in the "C" locale, which libpq uses.
 func isBlank(c byte) bool {
 	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'
@@ -171,6 +203,60 @@ func isBlank(c byte) bool {
 // setting, in either DSN form.
 func isSecretKey(key string) bool {
 	return strings.Contains(strings.ToLower(key), "password")
+}
+
+// secretValues lists every password in dsn in each form it may be printed
+// in, longest first so that scrubbing a longer form is not defeated by a
+// shorter one replaced inside it first. A DSN that does not parse has no
+// known boundaries, so the whole DSN and each blank-separated word of it
+// are listed instead.
+func secretValues(dsn string) []string {
+	var vals []string
+	if isURLDSN(dsn) {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return append([]string{dsn}, strings.Fields(dsn)...)
+		}
+		if pw, ok := u.User.Password(); ok {
+			vals = append(vals, pw, url.PathEscape(pw), url.QueryEscape(pw))
+		}
+		for _, kv := range strings.Split(u.RawQuery, "&") {
+			k, raw, _ := strings.Cut(kv, "=")
+			if key, err := url.QueryUnescape(k); err == nil && isSecretKey(key) {
+				vals = append(vals, raw)
+				if v, err := url.QueryUnescape(raw); err == nil {
+					vals = append(vals, v)
+				}
+			}
+		}
+	} else {
+		pairs, err := parseKeyValueDSN(dsn)
+		if err != nil {
+			return append([]string{dsn}, strings.Fields(dsn)...)
+		}
+		for _, p := range pairs {
+			if isSecretKey(p.key) {
+				raw := dsn[p.valStart:p.valEnd]
+				vals = append(vals, raw, unquoteValue(raw), strings.Trim(raw, "'"))
+			}
+		}
+	}
+	slices.SortFunc(vals, func(a, b string) int { return len(b) - len(a) })
+	return slices.Compact(vals)
+}
+
+// unquoteValue undoes libpq's quoting of a key=value setting: the
+// surrounding single quotes and the backslash escapes.
+func unquoteValue(raw string) string {
+	raw = strings.TrimSuffix(strings.TrimPrefix(raw, "'"), "'")
+	var b strings.Builder
+	for i := 0; i < len(raw); i++ {
+		if raw[i] == '\\' && i+1 < len(raw) {
+			i++
+		}
+		b.WriteByte(raw[i])
+	}
+	return b.String()
 }
 
 // redactDSN masks every password in dsn. A DSN it cannot parse is masked

@@ -29,7 +29,7 @@ func env(kv ...string) func(string) (string, bool) {
 
 const secretDSN = "postgres://ledger:s3cr3t-pw@10.0.0.12:5432/ledger?sslmode=disable"
 
-var testEnv = env("SHARD_B_DSN", secretDSN, "EMPTY", "", "PW", "s3cr3t-pw")
+var testEnv = env("SHARD_B_DSN", secretDSN, "EMPTY", "", "PW", "s3cr3t-pw", "BARE_PW", "s3cr3t")
 
 func TestParseSpecExample(t *testing.T) {
 	m, err := Parse("shardmap.yaml", doc(
@@ -307,7 +307,46 @@ func TestParseProblems(t *testing.T) {
 			"  - name: a",
 			`    dsn: "host=h password='oops"`,
 			"    ranges: [-]",
-		), []want{{4, `unterminated quoted value for "password"`}}},
+		), []want{{4, `the quoted value of setting 2 ("password") has no closing quote`}}},
+		// The cases below once quoted a piece of the password as if it
+		// were a keyword; the first was found by FuzzParse in CI.
+		{"dsn is a bare password", doc(
+			"version: 7",
+			"shards:",
+			"  - name: a",
+			"    dsn: ${BARE_PW}",
+			"    ranges: [-]",
+		), []want{{4, `setting 1 is not followed by '='`}}},
+		{"dsn password with a blank", doc(
+			"version: 7",
+			"shards:",
+			"  - name: a",
+			`    dsn: "host=h password=hunter s3cr3t"`,
+			"    ranges: [-]",
+		), []want{{4, `setting 3 is not followed by '='`}}},
+		{"dsn password with a blank and a quote", doc(
+			"version: 7",
+			"shards:",
+			"  - name: a",
+			`    dsn: "host=h password=hunter s3cr3t='x"`,
+			"    ranges: [-]",
+		), []want{{4, `the quoted value of setting 3 has no closing quote`}}},
+		// Found by FuzzParse: a map whose only shard is drained once passed
+		// validation with an empty index, and ShardFor panicked on it.
+		{"every shard drained", doc(
+			"version: 7",
+			"shards:",
+			"  - name: a",
+			"    dsn: host=h",
+			"    ranges: []",
+		), []want{{3, `keyspace - is not covered by any shard`}}},
+		{"dsn known keyword without value", doc(
+			"version: 7",
+			"shards:",
+			"  - name: a",
+			`    dsn: "host=h dbname"`,
+			"    ranges: [-]",
+		), []want{{4, `setting 2 ("dbname") is not followed by '='`}}},
 		{"range odd length", doc(
 			"version: 7",
 			"shards:",
