@@ -121,8 +121,9 @@ func OpenTopology(m *shardmap.Map, prev *Topology, sp config.ShardPool) (*Topolo
 func openPool(s shardmap.Shard, sp config.ShardPool) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(s.DSN)
 	if err != nil {
-		// pgx redacts the password in its parse errors; say which shard without the DSN.
-		return nil, fmt.Errorf("shard %s: dsn: %w", s.Name, err)
+		// pgx's parse errors quote the DSN with a best-effort redaction that
+		// misses some libpq spellings, so scrub the text with our own parser.
+		return nil, fmt.Errorf("shard %s: dsn: %s", s.Name, s.Scrub(err.Error()))
 	}
 	cfg.MaxConns = sp.MaxConns
 	cfg.MaxConnIdleTime = 5 * time.Minute

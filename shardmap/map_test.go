@@ -133,6 +133,23 @@ func TestRedactedDSN(t *testing.T) {
 	}
 }
 
+func TestScrub(t *testing.T) {
+	tests := []struct{ dsn, text, want string }{
+		// pgx's regex misses blanks around '=' and escaped quotes.
+		{"host=h password = 's3 cr\\'3t' port=x", "cannot parse `host=h password = 's3 cr\\'3t' port=x`: invalid port",
+			"cannot parse `host=h password = xxxxx port=x`: invalid port"},
+		{"host=h password = 's3 cr\\'3t'", "auth failed for s3 cr'3t", "auth failed for xxxxx"},
+		{"postgres://u:p%40ss@h/db?sslpassword=k%2Fey", "p%40ss p@ss k%2Fey k/ey", "xxxxx xxxxx xxxxx xxxxx"},
+		{"host=h user=u", "host=h user=u", "host=h user=u"},
+		{"s3cr3t word", "bad dsn s3cr3t", "bad dsn xxxxx"},
+	}
+	for _, tt := range tests {
+		if got := (Shard{DSN: tt.dsn}).Scrub(tt.text); got != tt.want {
+			t.Errorf("Scrub(%q) with dsn %q = %q, want %q", tt.text, tt.dsn, got, tt.want)
+		}
+	}
+}
+
 // TestPrintingNeverLeaksDSN guards against a Map or Shard reaching a log
 // line through fmt or JSON with its password.
 func TestPrintingNeverLeaksDSN(t *testing.T) {
