@@ -158,7 +158,7 @@ func (c *checker) parse(data []byte) *Map {
 		ranges = append(ranges, rs...)
 		malformed = malformed || !ok
 	}
-	m.index = c.coverage(m.Shards, ranges, !malformed)
+	m.index = c.coverage(m.Shards, ranges, !malformed, shards.Line)
 	return m
 }
 
@@ -403,9 +403,13 @@ func (c *checker) dsn(entry, n *yaml.Node, label string) string {
 // coverage reports overlaps, and gaps when reportGaps is set, among the
 // ranges of all shards and returns them sorted by start: the lookup index.
 // A sweep in start order sees a gap as a start beyond everything covered so
-// far, and an overlap as a start below it.
-func (c *checker) coverage(shards []Shard, ranges []placedRange, reportGaps bool) []placedRange {
+// far, and an overlap as a start below it. With no ranges at all (every
+// shard drained), the whole keyspace is the gap, reported at line.
+func (c *checker) coverage(shards []Shard, ranges []placedRange, reportGaps bool, line int) []placedRange {
 	if len(ranges) == 0 {
+		if reportGaps {
+			c.gap(KeyRange{}, line)
+		}
 		return nil
 	}
 	sort.SliceStable(ranges, func(i, j int) bool { return ranges[i].r.start < ranges[j].r.start })
