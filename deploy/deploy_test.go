@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -67,7 +69,8 @@ type servicePort struct {
 
 type podTemplate struct {
 	Metadata struct {
-		Labels map[string]string `yaml:"labels"`
+		Labels      map[string]string `yaml:"labels"`
+		Annotations map[string]string `yaml:"annotations"`
 	} `yaml:"metadata"`
 	Spec struct {
 		SecurityContext struct {
@@ -238,7 +241,7 @@ func TestKubernetesManifests(t *testing.T) {
 		if len(c.EnvFrom) != 1 || c.EnvFrom[0].SecretRef == nil || c.EnvFrom[0].SecretRef.Name != secret.Metadata.Name {
 			t.Errorf("%s: DSNs must come from Secret %s via envFrom", pod.Kind, secret.Metadata.Name)
 		}
-		cfgPath := checkMounts(t, pod, objs)
+		cfgPath, _ := checkMounts(t, pod, objs)
 		if want := []string{"--config", cfgPath}; len(c.Args) != 3 || !slices.Equal(c.Args[1:], want) {
 			t.Errorf("%s: args %v, want [<command> --config %s]", pod.Kind, c.Args, cfgPath)
 		}
@@ -271,13 +274,45 @@ func TestKubernetesManifests(t *testing.T) {
 			t.Errorf("Service targetPort %q is not the container's port 8080", sp.TargetPort)
 		}
 	}
+
+	// /metrics and /admin/* have their own port, which Prometheus scrapes and the Service
+	// does not expose.
+	_, cfg := checkMounts(t, dep, objs)
+	adminPort := listenPort(t, "Deployment router.yaml admin.listen", cfg.Admin.Listen)
+	declared := false
+	for _, p := range c.Ports {
+		declared = declared || p.ContainerPort == adminPort
+	}
+	if !declared {
+		t.Errorf("the container does not declare the admin port %d", adminPort)
+	}
+	if got := dep.Spec.Template.Metadata.Annotations["prometheus.io/port"]; got != strconv.Itoa(adminPort) {
+		t.Errorf("prometheus.io/port annotation %q, want the admin port %d", got, adminPort)
+	}
+	for _, sp := range svc.Spec.Ports {
+		if sp.TargetPort == strconv.Itoa(adminPort) || sp.TargetPort == "admin" {
+			t.Errorf("the Service exposes the admin port (%q)", sp.TargetPort)
+		}
+	}
+}
+
+// listenPort returns the port of a host:port listen address, failing when it has none: the
+// shipped configs must keep the admin endpoints off the API listener.
+func listenPort(t *testing.T, what, addr string) int {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
+	n, perr := strconv.Atoi(port)
+	if err != nil || perr != nil || n == 0 {
+		t.Fatalf("%s = %q: want host:port, so /metrics and /admin/* stay off the API port", what, addr)
+	}
+	return n
 }
 
 // checkMounts checks that pod mounts the router.yaml and shard map ConfigMaps, that router.yaml
 // parses with config.Parse at its mount path and names the mounted shard map, and that the map
 // parses with shardmap.Parse once the example Secret's variables are in the environment. It
-// returns router.yaml's path in the container.
-func checkMounts(t *testing.T, pod object, objs map[string]object) string {
+// returns router.yaml's path in the container and the parsed configuration.
+func checkMounts(t *testing.T, pod object, objs map[string]object) (string, *config.Config) {
 	t.Helper()
 	spec := pod.Spec.Template.Spec
 	files := map[string]string{} // path in the container -> content
@@ -314,7 +349,7 @@ func checkMounts(t *testing.T, pod object, objs map[string]object) string {
 	if _, err := shardmap.Parse(cfg.ShardmapPath, []byte(mapData), lookup); err != nil {
 		t.Errorf("%s: shard map with the Secret's variables: %v", pod.Kind, err)
 	}
-	return cfgPath
+	return cfgPath, cfg
 }
 
 func subset(sub, super map[string]string) bool {
@@ -369,8 +404,10 @@ func TestComposeSandbox(t *testing.T) {
 			if d := s.DependsOn["migrate"].Condition; d != "service_completed_successfully" {
 				t.Errorf("%s depends on migrate with condition %q, want service_completed_successfully", name, d)
 			}
-			if len(s.Ports) != 1 || !strings.HasPrefix(s.Ports[0], "127.0.0.1:") {
-				t.Errorf("%s: ports %v, want one published on 127.0.0.1", name, s.Ports)
+			for _, p := range s.Ports {
+				if !strings.HasPrefix(p, "127.0.0.1:") {
+					t.Errorf("%s: port %s is published beyond 127.0.0.1", name, p)
+				}
 			}
 		}
 	}
@@ -399,6 +436,25 @@ func TestComposeSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatalf("compose router.yaml: %v", err)
 	}
+	// Admin endpoints: their own port, published by every router and scraped by Prometheus.
+	adminPort := strconv.Itoa(listenPort(t, "compose router.yaml admin.listen", cfg.Admin.Listen))
+	promData, err := os.ReadFile("compose/prometheus.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range routers {
+		published := false
+		for _, p := range cf.Services[r].Ports {
+			published = published || strings.HasSuffix(p, ":"+adminPort)
+		}
+		if !published {
+			t.Errorf("%s does not publish the admin port %s", r, adminPort)
+		}
+		if !strings.Contains(string(promData), `"`+r+":"+adminPort+`"`) {
+			t.Errorf("prometheus.yml does not scrape %s:%s", r, adminPort)
+		}
+	}
+
 	for _, v := range cf.Services["router-1"].Volumes {
 		if strings.HasSuffix(v, ":"+cfg.ShardmapPath+":ro") {
 			mapData, err := os.ReadFile(filepath.Join("compose", strings.Split(v, ":")[0]))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Smoke test of the compose sandbox: brings it up, waits for both routers' /readyz, sends one
 # transfer through router 1 and the same request through router 2, and checks that the second is
-# a byte-identical replay (201, Idempotent-Replayed: true). Always tears down, on success or not.
+# a byte-identical replay (201, Idempotent-Replayed: true), and that /metrics and /admin/* answer
+# on the admin port only. Always tears down, on success or not.
 #
 # Needs the images (../images/build-postgres-image.sh, ../images/build-router-image.sh), curl,
 # and docker-compose. Exit status 0 means the sandbox works end to end.
@@ -11,8 +12,11 @@ cd "$(dirname "$0")"
 project="${SHARDGATE_COMPOSE_PROJECT:-shardgate-smoke-$$}"
 port1="${SHARDGATE_ROUTER1_PORT:-18081}"
 port2="${SHARDGATE_ROUTER2_PORT:-18082}"
+admin1="${SHARDGATE_ROUTER1_ADMIN_PORT:-18091}"
+admin2="${SHARDGATE_ROUTER2_ADMIN_PORT:-18092}"
 token="${SHARDGATE_TOKEN:-dev-token}"
 export SHARDGATE_ROUTER1_PORT="$port1" SHARDGATE_ROUTER2_PORT="$port2"
+export SHARDGATE_ROUTER1_ADMIN_PORT="$admin1" SHARDGATE_ROUTER2_ADMIN_PORT="$admin2"
 compose=(docker-compose -p "$project" -f docker-compose.yml)
 work="$(mktemp -d)"
 
@@ -67,4 +71,14 @@ status2="$(post "$port2" replay)"
 cmp -s "$work/first.body" "$work/replay.body" || fail "replay body differs from the first response"
 [ "$(header Location first)" = "$(header Location replay)" ] || fail "replay Location differs"
 
-echo "smoke: OK: 201 via router 1, byte-identical replay via router 2 ($(header Location first))" >&2
+# Admin endpoints: on the admin port, and not on the API port.
+code() { curl -sS -o "$work/$2" --max-time 5 -w '%{http_code}' "$1"; }
+[ "$(code "http://127.0.0.1:$admin1/metrics" metrics)" = 200 ] || fail "router 1: /metrics on the admin port did not answer 200"
+grep -q '^shardgate_transfers_total{.*outcome="applied"' "$work/metrics" || fail "router 1: /metrics has no applied transfer"
+[ "$(code "http://127.0.0.1:$admin2/admin/shardmap" shardmap)" = 200 ] || fail "router 2: /admin/shardmap on the admin port did not answer 200"
+for path in /metrics /admin/shardmap; do
+	c="$(code "http://127.0.0.1:$port1$path" api)"
+	[ "$c" = 404 ] || fail "router 1: $path on the API port answered $c, want 404"
+done
+
+echo "smoke: OK: 201 via router 1, byte-identical replay via router 2 ($(header Location first)); admin endpoints only on the admin port" >&2
