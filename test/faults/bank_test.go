@@ -7,20 +7,18 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"log/slog"
 	"math"
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
@@ -40,7 +38,7 @@ const (
 
 // bankYAML is the router's configuration; the shard request timeout is short so a paused or
 // cut-off shard turns into 503s quickly instead of holding clients for the default.
-const bankYAML = `listen: 127.0.0.1:0
+const bankYAML = `listen: 0.0.0.0:8080
 shardmap: shardmap.yaml
 auth:
   mode: tokens
@@ -119,8 +117,7 @@ func TestBankUnderFaults(t *testing.T) {
 	defer cluster.Close()
 
 	rt := startBankRouter(ctx, t, cluster)
-	defer rt.stop()
-	px := newDropProxy(t, rt.addr, dropRate)
+	px := newDropProxy(t, rt.Addr(), dropRate)
 	defer px.Close()
 
 	// Clients run until the fault schedule is over.
@@ -156,7 +153,7 @@ func TestBankUnderFaults(t *testing.T) {
 		{"pause shard-0", cluster.Shards[0].Pause, cluster.Shards[0].Unpause, 4 * time.Second},
 		{"kill shard-1", cluster.Shards[1].Kill, cluster.Shards[1].Restart, 2 * time.Second},
 		{"cut shard-2 off the network", cluster.Shards[2].Disconnect, cluster.Shards[2].Connect, 4 * time.Second},
-		{"restart the router", rt.crash, rt.start, time.Second},
+		{"kill the router (SIGKILL) and start it again", rt.Kill, rt.Restart, time.Second},
 	}
 	time.Sleep(settle)
 	for _, f := range faults {
@@ -209,6 +206,7 @@ func TestBankUnderFaults(t *testing.T) {
 			final.acked, final.failed, final.unknown, counts.acked+resolved, counts.failed+refused)
 	}
 	t.Logf("after healing: %d unknown keys retried: %d applied or replayed once, %d refused; ledger sum %d", resolved+refused, resolved, refused, final.ledgerSum)
+	checkRouterLogs(ctx, t, rt, cluster)
 	fmt.Printf("bank summary: keys=%d requests=%d dropped=%d acked=%d failed=%d unknown=%d landed=%d replays=%d ledger_sum=%d healed=%d ok=%t\n",
 		len(ops), counts.requests, px.dropped.Load(), counts.acked, counts.failed, counts.unknown, counts.unknownLanded,
 		counts.replays, counts.ledgerSum, resolved+refused, !t.Failed())
@@ -364,44 +362,36 @@ func check(ctx context.Context, t *testing.T, ops []*op, pools map[string]*pgxpo
 	return c
 }
 
-// bankRouter is the router in-process on a fixed address, so it can crash and come back where
-// the proxy expects it.
+// bankRouter is the router image running as a container on the shards' network, as users
+// deploy it; the "restart the router" fault SIGKILLs it mid-traffic and starts it again.
 type bankRouter struct {
-	t    *testing.T
-	addr string
-	cfg  *config.Config
-	m    *shardmap.Map
-
-	mu  sync.Mutex
-	srv *router.Server
-	hs  *http.Server
+	*Router
+	cfg *config.Config // as the router reads it, for the partition interval
+	m   *shardmap.Map  // the router's map with the shards' host DSNs, for migrations and checks
 }
 
+// startBankRouter does what `router migrate` does on every shard, from the host, then starts
+// the router container with the same map naming the shards by their network aliases.
 func startBankRouter(ctx context.Context, t *testing.T, c *Cluster) *bankRouter {
 	t.Helper()
-	dir := t.TempDir()
 	ranges := []string{"-55", "55-aa", "aa-"}
-	var mapYAML bytes.Buffer
-	mapYAML.WriteString("version: 1\nshards:\n")
-	for i, s := range c.Shards {
-		fmt.Fprintf(&mapYAML, "  - name: %s\n    dsn: %s\n    ranges: [%q]\n", s.Alias, s.DSN(), ranges[i])
+	shardMap := func(dsn func(*Shard) string) []byte {
+		var b bytes.Buffer
+		b.WriteString("version: 1\nshards:\n")
+		for i, s := range c.Shards {
+			fmt.Fprintf(&b, "  - name: %s\n    dsn: %s\n    ranges: [%q]\n", s.Alias, dsn(s), ranges[i])
+		}
+		return b.Bytes()
 	}
-	sum := sha256Hex(bankToken)
-	if err := os.WriteFile(filepath.Join(dir, "shardmap.yaml"), mapYAML.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "router.yaml"), fmt.Appendf(nil, bankYAML, sum), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	rt := &bankRouter{t: t}
+	routerYAML := fmt.Appendf(nil, bankYAML, sha256Hex(bankToken))
+	rt := &bankRouter{}
 	var err error
-	if rt.cfg, err = config.Load(filepath.Join(dir, "router.yaml")); err != nil {
+	if rt.cfg, err = config.Parse(routerConfigDir+"/router.yaml", routerYAML); err != nil {
 		t.Fatal(err)
 	}
-	if rt.m, err = shardmap.Load(rt.cfg.ShardmapPath); err != nil {
+	if rt.m, err = shardmap.Parse("shardmap.yaml", shardMap((*Shard).DSN), nil); err != nil {
 		t.Fatal(err)
 	}
-	// What `router migrate` does, on every shard.
 	pools := rt.assertionPools(ctx, t)
 	for name, p := range pools {
 		if _, err := idem.Migrate(ctx, p); err != nil {
@@ -414,12 +404,9 @@ func startBankRouter(ctx context.Context, t *testing.T, c *Cluster) *bankRouter 
 	if _, err := idem.ApplyMap(ctx, rt.m, func(s string) *pgxpool.Pool { return pools[s] }, rt.cfg.Idempotency.PartitionInterval); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	if rt.Router, err = c.StartRouter(ctx, routerYAML, shardMap((*Shard).NetworkDSN)); err != nil {
 		t.Fatal(err)
 	}
-	rt.addr = ln.Addr().String()
-	rt.serve(ln)
 	return rt
 }
 
@@ -438,45 +425,34 @@ func (rt *bankRouter) assertionPools(ctx context.Context, t *testing.T) map[stri
 	return pools
 }
 
-func (rt *bankRouter) serve(ln net.Listener) {
-	topo, err := router.OpenTopology(rt.m, nil, rt.cfg.ShardPool)
+// checkRouterLogs fails the test if the router's log holds a shard password or the client
+// token, and shows the log's end when the test failed.
+func checkRouterLogs(ctx context.Context, t *testing.T, rt *bankRouter, c *Cluster) {
+	t.Helper()
+	logs, err := rt.Logs(ctx)
 	if err != nil {
-		rt.t.Fatal(err)
+		t.Errorf("%v", err)
+		return
 	}
-	srv := router.New(rt.cfg, topo, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 5 * time.Second}
-	rt.mu.Lock()
-	rt.srv, rt.hs = srv, hs
-	rt.mu.Unlock()
-	go hs.Serve(ln) //nolint:errcheck // ends with ErrServerClosed on crash or stop
-}
-
-// crash closes the router abruptly, like a killed process: open connections are cut, requests in
-// flight lose their answer (their shard transactions still finish), new ones are refused.
-func (rt *bankRouter) crash(context.Context) error {
-	rt.mu.Lock()
-	srv, hs := rt.srv, rt.hs
-	rt.srv, rt.hs = nil, nil
-	rt.mu.Unlock()
-	if hs == nil {
-		return nil
+	// Two starts and no clean stop: the log is the container's whole history, and the kill
+	// really killed (a graceful shutdown would have logged "stopped").
+	if n := strings.Count(logs, `msg=serving`); n != 2 || strings.Contains(logs, `msg=stopped`) {
+		t.Errorf("the router's log shows %d starts and stopped=%t; want 2 starts and no clean stop", n, strings.Contains(logs, `msg=stopped`))
 	}
-	err := hs.Close()
-	srv.Topology().Close()
-	return err
-}
-
-// start brings a crashed router back on its address, with fresh pools, as a restarted process.
-func (rt *bankRouter) start(context.Context) error {
-	ln, err := net.Listen("tcp", rt.addr)
-	if err != nil {
-		return fmt.Errorf("router restart on %s: %w", rt.addr, err)
+	secrets := []string{bankToken}
+	for _, s := range c.Shards {
+		secrets = append(secrets, s.password)
 	}
-	rt.serve(ln)
-	return nil
+	for _, sec := range secrets {
+		if strings.Contains(logs, sec) {
+			t.Errorf("the router's log contains a secret")
+		}
+	}
+	if t.Failed() {
+		lines := strings.Split(strings.TrimSpace(logs), "\n")
+		t.Logf("router log, last lines:\n%s", strings.Join(lines[max(0, len(lines)-30):], "\n"))
+	}
 }
-
-func (rt *bankRouter) stop() { rt.crash(context.Background()) } //nolint:errcheck // test teardown
 
 // dropProxy forwards TCP connections to the router. For a share of connections it forwards the
 // request but swallows the response and resets the client's connection as soon as the router

@@ -1,11 +1,13 @@
 // Package faults runs PostgreSQL shards as containers on a private Docker network and breaks
 // them on purpose: stop, kill, pause, cut off from the network. The integration suite uses it
 // as its container backend (SHARDGATE_TEST_BACKEND=docker); this package's own tests are a
-// Jepsen-style bank check of the router under those faults.
+// Jepsen-style bank check of the router, itself a container on the same network (StartRouter),
+// under those faults and its own SIGKILL.
 //
-// Nothing is pulled: the image (shardgate/postgres:15 by default, SHARDGATE_PG_IMAGE to choose
-// another, e.g. postgres:15 where a registry is reachable) must exist locally, built by
-// deploy/images/build-postgres-image.sh.
+// Nothing is pulled: the images (shardgate/postgres:15 and shardgate/router:dev by default,
+// SHARDGATE_PG_IMAGE and SHARDGATE_ROUTER_IMAGE to choose others, e.g. postgres:15 where a
+// registry is reachable) must exist locally, built by deploy/images/build-postgres-image.sh
+// and deploy/images/build-router-image.sh.
 package faults
 
 import (
@@ -115,8 +117,9 @@ type Cluster struct {
 	Shards  []*Shard
 	cli     *testcontainers.DockerClient
 
-	mu   sync.Mutex
-	open int // shards not yet closed; the network goes with the last one
+	mu      sync.Mutex
+	open    int                               // shards not yet closed; the network goes with the last one
+	routers []*testcontainers.DockerContainer // started by StartRouter, terminated by Close
 }
 
 // StartCluster starts n shard containers of Image() on a new private network, each with its
@@ -224,9 +227,9 @@ func (c *Cluster) runShard(ctx context.Context, image, alias string, port int) (
 	return s, nil
 }
 
-// Close terminates every shard still open and removes the network.
+// Close terminates every router and shard still open and removes the network.
 func (c *Cluster) Close() error {
-	var errs []error
+	errs := []error{c.terminateRouters()}
 	for _, s := range c.Shards {
 		if s != nil {
 			errs = append(errs, s.Close())

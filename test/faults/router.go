@@ -1,0 +1,186 @@
+package faults
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/moby/moby/api/types/container"
+	dockernet "github.com/moby/moby/api/types/network"
+	"github.com/moby/moby/client"
+	"github.com/testcontainers/testcontainers-go"
+	"github.com/testcontainers/testcontainers-go/network"
+	"github.com/testcontainers/testcontainers-go/wait"
+
+	"github.com/shardgate/shardgate/localpg"
+)
+
+// DefaultRouterImage is the router image used unless SHARDGATE_ROUTER_IMAGE names another; it
+// is built by deploy/images/build-router-image.sh.
+const DefaultRouterImage = "shardgate/router:dev"
+
+// RouterImage returns the router image StartRouter runs.
+func RouterImage() string {
+	if img := os.Getenv("SHARDGATE_ROUTER_IMAGE"); img != "" {
+		return img
+	}
+	return DefaultRouterImage
+}
+
+// routerConfigDir is where StartRouter puts router.yaml and the shard map in the container.
+const routerConfigDir = "/etc/shardgate"
+
+// NetworkDSN is the shard's connection string from inside the cluster network, for a router
+// running there as a container: the shard's alias and PostgreSQL's own port.
+func (s *Shard) NetworkDSN() string { return s.dsnAt(s.Alias, "5432") }
+
+// Router is the router image running as a container on the cluster network, as users deploy it.
+// Its API port is published on a fixed 127.0.0.1 port, so its address survives Kill and Restart.
+type Router struct {
+	cluster *Cluster
+	port    int
+
+	mu  sync.Mutex
+	ctr *testcontainers.DockerContainer
+}
+
+// StartRouter runs `router serve` from RouterImage() on the cluster network with the given
+// router.yaml and shard map (mounted as routerConfigDir/router.yaml and /shardmap.yaml; the
+// router.yaml must listen on 0.0.0.0:8080 and name shardmap.yaml), and waits until it is ready.
+// The shard map's DSNs should be the shards' NetworkDSNs.
+func (c *Cluster) StartRouter(ctx context.Context, routerYAML, shardmapYAML []byte) (*Router, error) {
+	image := RouterImage()
+	ictx, cancel := context.WithTimeout(ctx, opTimeout)
+	_, err := c.cli.ImageInspect(ictx, image)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s (%v); build it with deploy/images/build-router-image.sh, or set SHARDGATE_ROUTER_IMAGE to an image you have", ErrNoImage, image, err)
+	}
+	for range 3 {
+		var port int
+		if port, err = localpg.FreePort(); err != nil {
+			return nil, err
+		}
+		var r *Router
+		if r, err = c.runRouter(ctx, image, port, routerYAML, shardmapYAML); err == nil {
+			return r, nil
+		}
+		if !portTaken(err) {
+			break
+		}
+	}
+	return nil, fmt.Errorf("start router: %w", err)
+}
+
+func (c *Cluster) runRouter(ctx context.Context, image string, port int, routerYAML, shardmapYAML []byte) (*Router, error) {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	apiPort := dockernet.MustParsePort("8080/tcp")
+	file := func(name string, data []byte) testcontainers.ContainerFile {
+		// World-readable: the image runs as uid 65532 and Docker writes the files as root.
+		return testcontainers.ContainerFile{Reader: bytes.NewReader(data), ContainerFilePath: routerConfigDir + "/" + name, FileMode: 0o644}
+	}
+	ctr, err := testcontainers.Run(ctx, image,
+		testcontainers.WithCmd("serve", "--config", routerConfigDir+"/router.yaml"),
+		testcontainers.WithFiles(file("router.yaml", routerYAML), file("shardmap.yaml", shardmapYAML)),
+		testcontainers.WithExposedPorts("8080/tcp"),
+		network.WithNetwork([]string{"router"}, c.Network),
+		testcontainers.WithLabels(map[string]string{Label: "true"}),
+		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
+			hc.PortBindings = dockernet.PortMap{apiPort: {{HostIP: netip.MustParseAddr("127.0.0.1"), HostPort: strconv.Itoa(port)}}}
+		}),
+		// partial=1: a restart must not wait for a shard that is down at that moment.
+		testcontainers.WithWaitStrategy(wait.ForHTTP("/readyz?partial=1").WithPort("8080/tcp").
+			WithStartupTimeout(startTimeout).WithPollInterval(100*time.Millisecond)),
+	)
+	if err != nil {
+		if ctr != nil {
+			ctr.Terminate(context.WithoutCancel(ctx)) //nolint:errcheck // best effort; the start error is what matters
+		}
+		return nil, err
+	}
+	c.mu.Lock()
+	c.routers = append(c.routers, ctr)
+	c.mu.Unlock()
+	return &Router{cluster: c, port: port, ctr: ctr}, nil
+}
+
+// Addr is the router's API address on the host.
+func (r *Router) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port)) }
+
+// Kill sends SIGKILL, as when a node dies or the OOM killer strikes: connections to clients and
+// shards are cut mid-request and nothing shuts down cleanly.
+func (r *Router) Kill(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, err := r.cluster.cli.ContainerKill(ctx, r.ctr.GetContainerID(), client.ContainerKillOptions{Signal: "KILL"}); err != nil {
+		return fmt.Errorf("kill router: %w", err)
+	}
+	for {
+		st, err := r.ctr.State(ctx)
+		if err != nil {
+			return fmt.Errorf("state of router: %w", err)
+		}
+		if !st.Running {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("router still running: %w", ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Restart starts the killed router again and waits until it is ready.
+func (r *Router) Restart(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.ctr.Start(ctx); err != nil {
+		return fmt.Errorf("restart router: %w", err)
+	}
+	return nil
+}
+
+// Logs returns what the router wrote to stdout and stderr, over all its runs.
+func (r *Router) Logs(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rc, err := r.ctr.Logs(ctx)
+	if err != nil {
+		return "", fmt.Errorf("router logs: %w", err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	return string(b), err
+}
+
+// terminateRouters removes every router container the cluster started; Close calls it before
+// the shards and the network go.
+func (c *Cluster) terminateRouters() error {
+	c.mu.Lock()
+	routers := c.routers
+	c.routers = nil
+	c.mu.Unlock()
+	var errs []error
+	for _, ctr := range routers {
+		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		errs = append(errs, ctr.Terminate(ctx))
+		cancel()
+	}
+	return errors.Join(errs...)
+}
