@@ -15,7 +15,6 @@ import (
 
 	"github.com/moby/moby/api/types/container"
 	dockernet "github.com/moby/moby/api/types/network"
-	"github.com/moby/moby/client"
 	"github.com/testcontainers/testcontainers-go"
 	"github.com/testcontainers/testcontainers-go/network"
 	"github.com/testcontainers/testcontainers-go/wait"
@@ -123,23 +122,7 @@ func (r *Router) Kill(ctx context.Context) error {
 	defer cancel()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, err := r.cluster.cli.ContainerKill(ctx, r.ctr.GetContainerID(), client.ContainerKillOptions{Signal: "KILL"}); err != nil {
-		return fmt.Errorf("kill router: %w", err)
-	}
-	for {
-		st, err := r.ctr.State(ctx)
-		if err != nil {
-			return fmt.Errorf("state of router: %w", err)
-		}
-		if !st.Running {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("router still running: %w", ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	return kill(ctx, r.cluster.cli, r.ctr, "router")
 }
 
 // Restart starts the killed router again and waits until it is ready.

@@ -297,26 +297,26 @@ func (s *Shard) Kill(ctx context.Context) error {
 	defer cancel()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, err := s.cluster.cli.ContainerKill(ctx, s.ctr.GetContainerID(), client.ContainerKillOptions{Signal: "KILL"}); err != nil {
-		return fmt.Errorf("kill %s: %w", s.Alias, err)
-	}
-	return s.waitExited(ctx)
+	return kill(ctx, s.cluster.cli, s.ctr, s.Alias)
 }
 
-// waitExited waits until Docker reports the container stopped, so a following Start does not
-// race the kill.
-func (s *Shard) waitExited(ctx context.Context) error {
+// kill sends ctr SIGKILL and waits until Docker reports it stopped, so a following Start does
+// not race the kill.
+func kill(ctx context.Context, cli *testcontainers.DockerClient, ctr testcontainers.Container, name string) error {
+	if _, err := cli.ContainerKill(ctx, ctr.GetContainerID(), client.ContainerKillOptions{Signal: "KILL"}); err != nil {
+		return fmt.Errorf("kill %s: %w", name, err)
+	}
 	for {
-		st, err := s.ctr.State(ctx)
+		st, err := ctr.State(ctx)
 		if err != nil {
-			return fmt.Errorf("state of %s: %w", s.Alias, err)
+			return fmt.Errorf("state of %s: %w", name, err)
 		}
 		if !st.Running {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s still running: %w", s.Alias, ctx.Err())
+			return fmt.Errorf("%s still running: %w", name, ctx.Err())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
