@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -24,9 +25,12 @@ import (
 	"github.com/shardgate/shardgate/shardmap"
 )
 
+// mapPollInterval is how often serve looks at the shard map file. A variable so that a test can
+// take the file watch out of the way of SIGHUP.
+var mapPollInterval = time.Second
+
 // Timings of serve's background work.
 const (
-	mapPollInterval = time.Second
 	upkeepInterval  = time.Hour
 	upkeepRetry     = time.Minute
 	shutdownTimeout = 30 * time.Second
@@ -70,7 +74,7 @@ func serveOn(ctx context.Context, ln net.Listener, cfg *config.Config, m *shardm
 	}
 	bg, stopBG := context.WithCancel(context.Background())
 	defer stopBG()
-	go watchMap(bg, cfg.ShardmapPath, fileStamp(cfg.ShardmapPath), trigger)
+	go watchMap(bg, cfg.ShardmapPath, mapPollInterval, trigger)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
@@ -189,32 +193,38 @@ func serverTLS(c config.TLS) (*tls.Config, error) {
 	return tc, nil
 }
 
-// watchMap calls changed whenever the map file's size or modification time moves away from
-// last. Polling needs no extra dependency and also sees a file replaced by a rename (as editors
-// and Kubernetes ConfigMap updates do).
-func watchMap(ctx context.Context, path, last string, changed func()) {
-	t := time.NewTicker(mapPollInterval)
+// watchMap calls changed whenever the content of the map file differs from what it was at the
+// previous look. The first look always calls it: the map serve started with was read before
+// this watch began, and the file may have changed in between (the reload that follows is a
+// no-op when it did not). Comparing content rather than size and modification time also sees
+// an edit that keeps the size within the file system's timestamp granularity. Polling needs no
+// extra dependency and also sees a file replaced by a rename (as editors and Kubernetes
+// ConfigMap updates do).
+func watchMap(ctx context.Context, path string, every time.Duration, changed func()) {
+	t := time.NewTicker(every)
 	defer t.Stop()
+	last := ""
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if s := fileStamp(path); s != last && s != "" {
-				last = s
+			if d := fileDigest(path); d != last && d != "" {
+				last = d
 				changed()
 			}
 		}
 	}
 }
 
-// fileStamp identifies a version of a file by size and modification time; "" if it is unreadable.
-func fileStamp(path string) string {
-	fi, err := os.Stat(path)
+// fileDigest is the SHA-256 of a file's content, or "" if it is unreadable.
+func fileDigest(path string) string {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return ""
 	}
-	return fmt.Sprint(fi.Size(), fi.ModTime().UnixNano())
+	sum := sha256.Sum256(b)
+	return string(sum[:])
 }
 
 // logWriter turns upkeep's per-shard report lines into log records.
