@@ -53,11 +53,26 @@ var scratchSeq atomic.Int64
 // and returns a pool on it. Without a server (binaries missing, CI unset) the test is skipped.
 func scratchDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
+	pool := migratedDB(t, "")
+	all, err := shardmap.ParseKeyRange("-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ApplyOwnership(context.Background(), pool, Ownership{Shard: "scratch", MapVersion: 1, Ranges: []shardmap.KeyRange{all}}, Grant); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+// migratedDB creates a fresh migrated database, owning nothing, with suffix in its name (tests
+// with several shards tell them apart by it), and returns a pool on it.
+func migratedDB(t *testing.T, suffix string) *pgxpool.Pool {
+	t.Helper()
 	if testPG == nil {
 		t.Skipf("PostgreSQL server binaries not found: %v", testPGErr)
 	}
 	ctx := context.Background()
-	name := fmt.Sprintf("t%d_%s", scratchSeq.Add(1), strings.ToLower(regexp.MustCompile(`[^A-Za-z0-9]+`).ReplaceAllString(t.Name(), "_")))
+	name := fmt.Sprintf("t%d_%s%s", scratchSeq.Add(1), suffix, strings.ToLower(regexp.MustCompile(`[^A-Za-z0-9]+`).ReplaceAllString(t.Name(), "_")))
 	name = name[:min(len(name), 63)]
 	admin, err := pgx.Connect(ctx, testPG.DSN())
 	if err != nil {
@@ -79,13 +94,6 @@ func scratchDB(t *testing.T) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	if _, err := Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	all, err := shardmap.ParseKeyRange("-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ApplyOwnership(ctx, pool, Ownership{Shard: "scratch", MapVersion: 1, Ranges: []shardmap.KeyRange{all}}, Grant); err != nil {
 		t.Fatal(err)
 	}
 	return pool

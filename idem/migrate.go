@@ -30,6 +30,7 @@ const (
 	lockMigrate   = 0
 	lockOwnership = 1 // also named in migrations/0001_transfers.sql
 	lockUpkeep    = 2
+	lockApply     = 3 // held by ApplyMap on every shard for its whole run
 )
 
 // Migrations returns the embedded migrations in version order.

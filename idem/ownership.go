@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -34,12 +35,21 @@ func sameRanges(a, b []shardmap.KeyRange) bool {
 	return true
 }
 
+// ErrApplyRunning means another ApplyMap (router migrate or router shardmap apply) holds the
+// apply lock of a shard.
+var ErrApplyRunning = errors.New("another shard map apply is running")
+
 // Ownership is what one shard owns at one shard map version.
 type Ownership struct {
 	Shard      string
 	MapVersion int64
 	Ranges     []shardmap.KeyRange // active: transfers in them are applied here
-	Moving     []shardmap.KeyRange // revoked, rows not yet handed to their new owner
+	// Moving ranges hold rows that belong elsewhere: revoked and not yet handed to their new
+	// owner, or copied here ahead of a grant. Settle deletes them unless an active range covers them.
+	Moving []shardmap.KeyRange
+	// Applying is the newest map version whose apply has begun on the shard; phases of older
+	// versions are refused from then on.
+	Applying int64
 }
 
 // ReadOwnership returns what the shard behind pool believes it owns. A shard that was never
@@ -56,7 +66,7 @@ func ReadOwnership(ctx context.Context, pool *pgxpool.Pool) (Ownership, error) {
 
 func readOwnership(ctx context.Context, tx pgx.Tx) (Ownership, error) {
 	var o Ownership
-	err := tx.QueryRow(ctx, "SELECT shard_name, map_version FROM shardgate_shard").Scan(&o.Shard, &o.MapVersion)
+	err := tx.QueryRow(ctx, "SELECT shard_name, map_version, applying_version FROM shardgate_shard").Scan(&o.Shard, &o.MapVersion, &o.Applying)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return o, err
 	}
@@ -92,7 +102,8 @@ const (
 	// Revoke keeps active only the new ranges the shard already owns; every other range it owned
 	// stays listed as moving, so its rows can still be found and copied.
 	Revoke Phase = iota + 1
-	// Grant makes the shard own exactly the new ranges.
+	// Grant makes the shard own exactly the new ranges; an active range it no longer owns
+	// (which a revoke of the same version would already have made moving) is kept as moving.
 	Grant
 	// Settle deletes the rows of moving ranges, which their new owners now hold, and forgets
 	// the moving ranges.
@@ -102,8 +113,9 @@ const (
 // ApplyOwnership runs one phase of applying o (Shard, MapVersion, Ranges) on the shard behind
 // pool. It takes the ownership lock exclusively, so it waits for transfers already past their
 // ownership check (they hold it shared): once it returns, no transfer outside the new active
-// ranges can commit there. A version lower than the shard's is refused with ErrOlderMap; the
-// same version is accepted, so an interrupted apply can simply be run again.
+// ranges can commit there. A version lower than the shard's, or lower than one whose apply has
+// begun there, is refused with ErrOlderMap; the same version is accepted, so an interrupted
+// apply can simply be run again.
 func ApplyOwnership(ctx context.Context, pool *pgxpool.Pool, o Ownership, phase Phase) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", lockClass, lockOwnership); err != nil {
@@ -115,6 +127,10 @@ func ApplyOwnership(ctx context.Context, pool *pgxpool.Pool, o Ownership, phase 
 		}
 		if cur.MapVersion > o.MapVersion {
 			return fmt.Errorf("%w: shard %s is at version %d, refusing version %d", ErrOlderMap, o.Shard, cur.MapVersion, o.MapVersion)
+		}
+		if cur.Applying > o.MapVersion {
+			return fmt.Errorf("%w: the apply of version %d has begun on shard %s, refusing version %d; apply version %d or newer to finish it",
+				ErrOlderMap, cur.Applying, o.Shard, o.MapVersion, cur.Applying)
 		}
 		if phase == Revoke && cur.MapVersion == o.MapVersion && !sameRanges(cur.Ranges, o.Ranges) {
 			// The shard was granted this version already, with other ranges: routers would keep
@@ -146,6 +162,14 @@ func ApplyOwnership(ctx context.Context, pool *pgxpool.Pool, o Ownership, phase 
 					moving = append(moving, r)
 				}
 			}
+		case Grant:
+			granted := slices.Clone(o.Ranges)
+			sort.Slice(granted, func(i, j int) bool { return granted[i].Lo() < granted[j].Lo() })
+			for _, r := range cur.Ranges {
+				if !covers(granted, r) {
+					moving = append(moving, r)
+				}
+			}
 		case Settle:
 			moving = nil
 		}
@@ -165,9 +189,9 @@ func ApplyOwnership(ctx context.Context, pool *pgxpool.Pool, o Ownership, phase 
 				}
 			}
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO shardgate_shard (shard_name, map_version) VALUES ($1, $2)
-			ON CONFLICT (singleton) DO UPDATE SET shard_name = EXCLUDED.shard_name,
-				map_version = EXCLUDED.map_version, updated_at = now()`, o.Shard, version)
+		_, err = tx.Exec(ctx, `INSERT INTO shardgate_shard (shard_name, map_version, applying_version) VALUES ($1, $2, $3)
+			ON CONFLICT (singleton) DO UPDATE SET shard_name = EXCLUDED.shard_name, map_version = EXCLUDED.map_version,
+				applying_version = EXCLUDED.applying_version, updated_at = now()`, o.Shard, version, max(cur.Applying, o.MapVersion))
 		return err
 	})
 }
@@ -233,6 +257,9 @@ type MoveReport struct {
 	From, To        string
 	Range           shardmap.KeyRange // the moving range on From (may be wider than what To gets)
 	Records, Ledger int64             // rows inserted on To
+	// Conflicts counts keys To already held for a different request: the same key was used
+	// for transfers from accounts on two shards. To's record wins; each is a key to look at.
+	Conflicts int64
 }
 
 // ApplyMap makes the shards of m own exactly their ranges under m.Version, moving the rows of
@@ -241,12 +268,20 @@ type MoveReport struct {
 // ledger rows of each revoked range are copied to the shards that now own it, so a retry there
 // replays instead of applying again; (3) every shard grants its new ranges; (4) every shard
 // forgets its moving ranges. If any step fails nothing later runs; running ApplyMap again
-// resumes. pool must return a pool for every shard of m; iv is the partition interval, used to
-// create partitions for copied records.
+// resumes, and so does applying a newer map, while an older one is refused. One ApplyMap runs at
+// a time: it holds an apply lock on every shard of m throughout, and fails at once with
+// ErrApplyRunning if another holds one. pool must return a pool for every shard of m, with a
+// connection to spare for the lock; iv is the partition interval, used to create partitions
+// for copied records.
 //
 // A shard missing from m is not touched: remove a shard only after a map without its ranges
 // has been applied.
 func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpool.Pool, iv Interval) ([]MoveReport, error) {
+	unlock, err := takeApplyLocks(ctx, m, pool)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	if err := checkHolders(ctx, m, pool); err != nil {
 		return nil, err
 	}
@@ -275,12 +310,12 @@ func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgx
 					continue
 				}
 				for _, q := range owned[to.Name] {
-					lo, hi, ok := intersect(r, q)
+					part, ok := r.Intersect(q)
 					if !ok {
 						continue
 					}
 					mv := MoveReport{From: from.Name, To: to.Name, Range: r}
-					if err := copyRange(ctx, pool(from.Name), pool(to.Name), lo, hi, iv, &mv); err != nil {
+					if err := copyRange(ctx, pool(from.Name), pool(to.Name), part, iv, &mv); err != nil {
 						return moves, fmt.Errorf("copy %s from %s to %s: %w", r, from.Name, to.Name, err)
 					}
 					moves = append(moves, mv)
@@ -324,28 +359,63 @@ func checkHolders(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpo
 	return nil
 }
 
-// intersect returns the stored (sign-flipped) bounds of a ∩ b; hi nil means to the end.
-func intersect(a, b shardmap.KeyRange) (lo int64, hi *int64, ok bool) {
-	alo, ahi := bounds(a)
-	blo, bhi := bounds(b)
-	lo = max(alo, blo)
-	switch {
-	case ahi == nil:
-		hi = bhi
-	case bhi == nil:
-		hi = ahi
-	default:
-		v := min(*ahi, *bhi)
-		hi = &v
+// takeApplyLocks takes the apply lock (a session advisory lock) on every shard of m, in name order,
+// each on a connection held until unlock. It fails at once, holding nothing, if a shard's lock is
+// taken: two applies that interleaved their phases could leave two shards owning one range.
+func takeApplyLocks(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool) (unlock func(), err error) {
+	var held []*pgxpool.Conn
+	unlock = func() {
+		for _, c := range held {
+			if _, err := c.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1, $2)", lockClass, lockApply); err != nil {
+				// The pool must not keep a session that may still hold the lock.
+				c.Conn().Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing is the fallback
+			}
+			c.Release()
+		}
 	}
-	return lo, hi, hi == nil || lo < *hi
+	names := make([]string, 0, len(m.Shards))
+	for _, s := range m.Shards {
+		names = append(names, s.Name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		c, err := pool(name).Acquire(ctx)
+		if err != nil {
+			unlock()
+			return nil, fmt.Errorf("shard %s: %w", name, err)
+		}
+		var ok bool
+		if err := c.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", lockClass, lockApply).Scan(&ok); err != nil || !ok {
+			c.Release()
+			unlock()
+			if err == nil {
+				err = fmt.Errorf("%w there (router migrate or router shardmap apply); wait for it to finish, then run this again", ErrApplyRunning)
+			}
+			return nil, fmt.Errorf("shard %s: %w", name, err)
+		}
+		held = append(held, c)
+	}
+	return unlock, nil
 }
 
-// copyRange copies the idempotency records and ledger rows whose keyspace id is in [lo, hi)
-// from src to dst, skipping rows dst already has, so it can run again after an interruption.
-// It runs while nobody owns the range, so no transfer writes those keys meanwhile.
-func copyRange(ctx context.Context, src, dst *pgxpool.Pool, lo int64, hi *int64, iv Interval, mv *MoveReport) error {
-	const inRange = "keyspace_id >= $1 AND ($2::bigint IS NULL OR keyspace_id < $2)"
+// copyBatch is how many idempotency records copyRange copies per transaction: each holds its
+// key's advisory lock until commit, and the lock table is shared by the whole server.
+const copyBatch = 500
+
+const (
+	recordCols = "key, scope, request_hash, keyspace_id, response, state, created_at"
+	ledgerCols = "transfer_id, keyspace_id, account_id, counterparty_id, amount, currency, kind, reference, client, created_at"
+	inRange    = "keyspace_id >= $1 AND ($2::bigint IS NULL OR keyspace_id < $2)"
+)
+
+// copyRange copies the idempotency records and ledger rows whose keyspace id is in r from src to
+// dst, skipping rows dst already has, so it can run again after an interruption. No shard owns
+// r meanwhile, but dst serves its other ranges: each record is inserted under its key's lock
+// (shardgate_copy_records), so a transfer there reusing the key cannot add a second record.
+// Each transaction also lists r on dst as a moving range, so rows copied by an apply that never
+// reaches its grant are deleted when a later apply settles, instead of being left behind.
+func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, iv Interval, mv *MoveReport) error {
+	lo, hi := bounds(r)
 	var oldest, newest *time.Time
 	if err := src.QueryRow(ctx, "SELECT min(created_at), max(created_at) FROM idempotency_record WHERE "+inRange, lo, hi).Scan(&oldest, &newest); err != nil {
 		return err
@@ -359,59 +429,87 @@ func copyRange(ctx context.Context, src, dst *pgxpool.Pool, lo int64, hi *int64,
 			return fmt.Errorf("partitions for copied records: %w", err)
 		}
 	}
-	return pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
-		// A destination already serving the range (an apply run again after its grant) has its
-		// copy: copying again could race its own transfers.
+	// Records, a batch per transaction, in (scope, key) order.
+	var after *[2]string
+	for {
+		args := []any{lo, hi, nil, nil}
+		if after != nil {
+			args[2], args[3] = after[0], after[1]
+		}
+		q := fmt.Sprintf("SELECT %s FROM idempotency_record WHERE %s AND ($3::text IS NULL OR (scope, key) > ($3, $4)) ORDER BY scope, key LIMIT %d",
+			recordCols, inRange, copyBatch)
+		var n int
+		var last [2]string
+		done, err := copyInto(ctx, src, dst, r, "idempotency_record", recordCols, q, args, func(ctx context.Context, tx pgx.Tx, rows int) error {
+			n = rows
+			var inserted, conflicts int64
+			if err := tx.QueryRow(ctx, "SELECT inserted, conflicts FROM shardgate_copy_records()").Scan(&inserted, &conflicts); err != nil {
+				return err
+			}
+			mv.Records += inserted
+			mv.Conflicts += conflicts
+			return tx.QueryRow(ctx, "SELECT scope, key FROM moving_rows ORDER BY scope DESC, key DESC LIMIT 1").Scan(&last[0], &last[1])
+		})
+		if err != nil || done {
+			return err
+		}
+		if n < copyBatch {
+			break
+		}
+		after = &last
+	}
+	// Ledger rows: their unique (transfer_id, kind) settles any race, so one statement does.
+	_, err := copyInto(ctx, src, dst, r, "ledger_entries", ledgerCols, fmt.Sprintf("SELECT %s FROM ledger_entries WHERE %s", ledgerCols, inRange), []any{lo, hi},
+		func(ctx context.Context, tx pgx.Tx, _ int) error {
+			tag, err := tx.Exec(ctx, fmt.Sprintf("INSERT INTO ledger_entries (%[1]s) SELECT %[1]s FROM moving_rows ON CONFLICT (transfer_id, kind) DO NOTHING", ledgerCols))
+			mv.Ledger += tag.RowsAffected()
+			return err
+		})
+	return err
+}
+
+// copyInto runs one copy transaction on dst: it stages the rows query returns from src in the
+// temporary table moving_rows (cols of table), lists r on dst as moving, and calls insert with the
+// number of rows staged. done is true, and nothing is copied, when dst already serves part of r:
+// an apply run again after its grant, whose copy was made and whose new rows are dst's own.
+func copyInto(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, table, cols, query string, args []any,
+	insert func(ctx context.Context, tx pgx.Tx, rows int) error) (done bool, err error) {
+	lo, hi := bounds(r)
+	err = pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1, $2)", lockClass, lockOwnership); err != nil {
 			return err
 		}
-		var serving bool
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM shardgate_owned_range
-			WHERE active AND ($2::bigint IS NULL OR lo < $2) AND (hi IS NULL OR hi > $1))`, lo, hi).Scan(&serving); err != nil {
+			WHERE active AND ($2::bigint IS NULL OR lo < $2) AND (hi IS NULL OR hi > $1))`, lo, hi).Scan(&done); err != nil || done {
 			return err
 		}
-		if serving {
+		if _, err := tx.Exec(ctx, `INSERT INTO shardgate_owned_range (key_range, lo, hi, active) VALUES ($1, $2, $3, false)
+			ON CONFLICT (key_range) DO NOTHING`, r.String(), lo, hi); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE TEMP TABLE moving_rows ON COMMIT DROP AS SELECT %s FROM %s WITH NO DATA", cols, table)); err != nil {
+			return err
+		}
+		rows, err := src.Query(ctx, query, args...)
+		if err != nil {
+			return err
+		}
+		n, err := tx.CopyFrom(ctx, pgx.Identifier{"moving_rows"}, splitCols(cols), pgx.CopyFromFunc(func() ([]any, error) {
+			if !rows.Next() {
+				return nil, rows.Err()
+			}
+			return rows.Values()
+		}))
+		rows.Close()
+		if err != nil {
+			return err
+		}
+		if n == 0 {
 			return nil
 		}
-		steps := []struct {
-			table, cols, insert string
-			count               *int64
-		}{
-			{"idempotency_record", "key, scope, request_hash, keyspace_id, response, state, created_at",
-				`INSERT INTO idempotency_record (%[1]s) SELECT %[1]s FROM moving_rows m
-				 WHERE NOT EXISTS (SELECT 1 FROM idempotency_record r WHERE r.scope = m.scope AND r.key = m.key)`, &mv.Records},
-			{"ledger_entries", "transfer_id, keyspace_id, account_id, counterparty_id, amount, currency, kind, reference, client, created_at",
-				`INSERT INTO ledger_entries (%[1]s) SELECT %[1]s FROM moving_rows ON CONFLICT (transfer_id, kind) DO NOTHING`, &mv.Ledger},
-		}
-		for _, st := range steps {
-			if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE TEMP TABLE moving_rows ON COMMIT DROP AS SELECT %s FROM %s WITH NO DATA", st.cols, st.table)); err != nil {
-				return err
-			}
-			rows, err := src.Query(ctx, fmt.Sprintf("SELECT %s FROM %s WHERE %s", st.cols, st.table, inRange), lo, hi)
-			if err != nil {
-				return err
-			}
-			_, err = tx.CopyFrom(ctx, pgx.Identifier{"moving_rows"}, splitCols(st.cols), pgx.CopyFromFunc(func() ([]any, error) {
-				if !rows.Next() {
-					return nil, rows.Err()
-				}
-				return rows.Values()
-			}))
-			rows.Close()
-			if err != nil {
-				return err
-			}
-			tag, err := tx.Exec(ctx, fmt.Sprintf(st.insert, st.cols))
-			if err != nil {
-				return err
-			}
-			*st.count = tag.RowsAffected()
-			if _, err := tx.Exec(ctx, "DROP TABLE moving_rows"); err != nil {
-				return err
-			}
-		}
-		return nil
+		return insert(ctx, tx, int(n))
 	})
+	return done, err
 }
 
 func splitCols(cols string) []string {

@@ -125,6 +125,23 @@ func (r KeyRange) Hi() (end uint64, bounded bool) {
 	return r.end, true
 }
 
+// Intersect returns the ids in both r and o, and false when they share none.
+func (r KeyRange) Intersect(o KeyRange) (KeyRange, bool) {
+	out := KeyRange{start: max(r.start, o.start)}
+	switch {
+	case !r.bounded:
+		out.end, out.bounded = o.end, o.bounded
+	case !o.bounded:
+		out.end, out.bounded = r.end, true
+	default:
+		out.end, out.bounded = min(r.end, o.end), true
+	}
+	if out.bounded && out.start >= out.end {
+		return KeyRange{}, false
+	}
+	return out, true
+}
+
 // share is an exact number of keyspace ids. all stands for the whole
 // keyspace, 2^64 ids, which n cannot hold. Exactness matters at the edges:
 // in float64 a one-id range and the rest of the keyspace would both round

@@ -150,3 +150,32 @@ func mustRange(t testing.TB, s string) KeyRange {
 	}
 	return r
 }
+
+func TestKeyRangeIntersect(t *testing.T) {
+	tests := []struct{ a, b, want string }{
+		{"-", "-", "-"},
+		{"-", "40-80", "40-80"},
+		{"80-", "40-c0", "80-c0"},
+		{"40-", "80-", "80-"},
+		{"-80", "40-", "40-80"},
+		{"-40", "40-", ""}, // adjacent: nothing shared
+		{"-40", "80-c0", ""},
+		{"4000-4001", "40-41", "40-4001"}, // 4000 is 40, canonically
+	}
+	for _, tt := range tests {
+		a, _ := ParseKeyRange(tt.a)
+		b, _ := ParseKeyRange(tt.b)
+		for _, pair := range [][2]KeyRange{{a, b}, {b, a}} {
+			got, ok := pair[0].Intersect(pair[1])
+			if tt.want == "" {
+				if ok {
+					t.Errorf("%s ∩ %s = %s, want nothing", pair[0], pair[1], got)
+				}
+				continue
+			}
+			if !ok || got.String() != tt.want {
+				t.Errorf("%s ∩ %s = %s, %t; want %s", pair[0], pair[1], got, ok, tt.want)
+			}
+		}
+	}
+}

@@ -44,6 +44,10 @@ func applyMap(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool fun
 	moves, err := idem.ApplyMap(ctx, m, pool, cfg.Idempotency.PartitionInterval)
 	for _, mv := range moves {
 		fmt.Fprintf(out, "moved rows of %s from %s to %s: %d idempotency records, %d ledger rows\n", mv.Range, mv.From, mv.To, mv.Records, mv.Ledger)
+		if mv.Conflicts > 0 {
+			fmt.Fprintf(out, "warning: %d keys moved from %s were already used on %s for other requests (keys reused across shards); %s's records were kept\n",
+				mv.Conflicts, mv.From, mv.To, mv.To)
+		}
 	}
 	if err != nil {
 		return err

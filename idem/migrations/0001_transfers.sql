@@ -44,14 +44,19 @@ CREATE TABLE idempotency_record (
 -- for a keyspace id inside an owned range, so a router with a stale map cannot apply a key on a
 -- shard that no longer owns it. Bounds are keyspace ids (unsigned 64-bit) stored with the sign bit
 -- flipped, which keeps their order in a signed bigint; hi NULL means "to the end".
+-- applying_version is the newest map version whose apply has begun here (its revoke ran):
+-- no phase of an older map's apply is accepted after it, so two applies cannot interleave.
 CREATE TABLE shardgate_shard (
-    singleton   boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
-    shard_name  text        NOT NULL,
-    map_version bigint      NOT NULL CHECK (map_version >= 0),
-    updated_at  timestamptz NOT NULL DEFAULT now()
+    singleton        boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
+    shard_name       text        NOT NULL,
+    map_version      bigint      NOT NULL CHECK (map_version >= 0),
+    applying_version bigint      NOT NULL DEFAULT 0,
+    updated_at       timestamptz NOT NULL DEFAULT now()
 );
--- active = false marks a range revoked from this shard whose rows have not yet been copied to
--- its new owner (idem.ApplyMap); transfers only ever use active ranges.
+-- active = false marks a range whose rows here belong to another shard: revoked from this
+-- shard and not yet copied to its new owner, or copied here for a range this shard has not been
+-- granted yet (idem.ApplyMap). Transfers only ever use active ranges; settling an apply deletes
+-- the rows of inactive ranges that are not also covered by active ones.
 CREATE TABLE shardgate_owned_range (
     key_range text    PRIMARY KEY,
     lo        bigint  NOT NULL,
@@ -151,5 +156,35 @@ BEGIN
     INSERT INTO idempotency_record (key, scope, request_hash, keyspace_id, response, state)
     VALUES (p_key, p_scope, p_request_hash, p_keyspace, p_response, 'completed');
     outcome := 'applied';
+END
+$fn$;
+
+-- shardgate_copy_records inserts the idempotency records staged in the temporary table
+-- moving_rows (idem.ApplyMap, moving a key range here) that this shard does not hold yet. Each
+-- key is copied under the (scope, key) lock shardgate_transfer takes, and looked up afresh after
+-- taking it, so a copy and a transfer of the same key can never both insert a record: the
+-- transfer meanwhile gets in_progress, or the copy finds the transfer's record. It returns how
+-- many it inserted, and how many keys this shard already held for a different request (a key
+-- reused across shards: its record here wins and the moved one is not copied).
+CREATE FUNCTION shardgate_copy_records(OUT inserted bigint, OUT conflicts bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    m record;
+    held_hash text;
+BEGIN
+    inserted := 0;
+    conflicts := 0;
+    FOR m IN SELECT * FROM moving_rows ORDER BY scope, key LOOP
+        PERFORM pg_advisory_xact_lock(hashtextextended(m.scope || E'\n' || m.key, 1));
+        SELECT r.request_hash INTO held_hash
+          FROM idempotency_record r WHERE r.scope = m.scope AND r.key = m.key LIMIT 1;
+        IF NOT FOUND THEN
+            INSERT INTO idempotency_record (key, scope, request_hash, keyspace_id, response, state, created_at)
+            VALUES (m.key, m.scope, m.request_hash, m.keyspace_id, m.response, m.state, m.created_at);
+            inserted := inserted + 1;
+        ELSIF held_hash IS DISTINCT FROM m.request_hash THEN
+            conflicts := conflicts + 1;
+        END IF;
+    END LOOP;
 END
 $fn$;

@@ -1,0 +1,287 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shardgate/shardgate/shardmap"
+)
+
+// cluster is a set of shards, each a database of the test server, and the maps applied to it.
+type cluster struct {
+	t     *testing.T
+	pools map[string]*pgxpool.Pool
+}
+
+func newCluster(t *testing.T, names ...string) *cluster {
+	c := &cluster{t: t, pools: map[string]*pgxpool.Pool{}}
+	for _, n := range names {
+		c.pools[n] = migratedDB(t, n+"_")
+		if _, err := EnsurePartitions(context.Background(), c.pools[n], Daily, time.Now(), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
+
+func (c *cluster) pool(name string) *pgxpool.Pool { return c.pools[name] }
+
+// mapOf parses a map of version v; owners is "shard=range,range shard=range ..." (an empty
+// range list drains the shard).
+func (c *cluster) mapOf(v int64, owners string) *shardmap.Map {
+	c.t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "version: %d\nshards:\n", v)
+	for _, o := range strings.Fields(owners) {
+		name, ranges, _ := strings.Cut(o, "=")
+		quoted := []string{}
+		for _, r := range strings.Split(ranges, ",") {
+			if r != "" {
+				quoted = append(quoted, fmt.Sprintf("%q", r))
+			}
+		}
+		fmt.Fprintf(&b, "  - {name: %s, dsn: host=unused, ranges: [%s]}\n", name, strings.Join(quoted, ", "))
+	}
+	m, err := shardmap.Parse("shardmap.yaml", []byte(b.String()), nil)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return m
+}
+
+func (c *cluster) apply(m *shardmap.Map) ([]MoveReport, error) {
+	return ApplyMap(context.Background(), m, c.pool, Daily)
+}
+
+func (c *cluster) mustApply(m *shardmap.Map) []MoveReport {
+	c.t.Helper()
+	moves, err := c.apply(m)
+	if err != nil {
+		c.t.Fatalf("apply version %d: %v", m.Version, err)
+	}
+	return moves
+}
+
+// owned returns what shard owns, as "active | moving" range strings.
+func (c *cluster) owned(shard string) string {
+	c.t.Helper()
+	o, err := ReadOwnership(context.Background(), c.pool(shard))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return fmt.Sprintf("%v | %v", o.Ranges, o.Moving)
+}
+
+// rows returns the ledger rows and idempotency records a shard holds.
+func (c *cluster) rows(shard string) (ledger, records int) {
+	c.t.Helper()
+	err := c.pool(shard).QueryRow(context.Background(),
+		"SELECT (SELECT count(*) FROM ledger_entries), (SELECT count(*) FROM idempotency_record)").Scan(&ledger, &records)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return ledger, records
+}
+
+// transferAt applies a transfer with keyspace id 42 (in "-80") on shard and checks it applied.
+func (c *cluster) transferAt(shard, key string) {
+	c.t.Helper()
+	res, err := Transfer(context.Background(), c.pool(shard), testTransfer(key, 100))
+	if err != nil || res.Outcome != Applied {
+		c.t.Fatalf("transfer %s on %s: %v %v", key, shard, res.Outcome, err)
+	}
+}
+
+func TestApplyMapRefusesWhileAnotherRuns(t *testing.T) {
+	c := newCluster(t, "sa", "sb")
+	c.mustApply(c.mapOf(1, "sa=- sb="))
+
+	// Another apply holds sb's lock.
+	ctx := context.Background()
+	other, err := c.pool("sb").Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Release()
+	if _, err := other.Exec(ctx, "SELECT pg_advisory_lock($1, $2)", lockClass, lockApply); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.apply(c.mapOf(2, "sa=80- sb=-80"))
+	if !errors.Is(err, ErrApplyRunning) || !strings.Contains(err.Error(), "shard sb") {
+		t.Fatalf("apply during another: %v, want ErrApplyRunning naming shard sb", err)
+	}
+	if got := c.owned("sa"); got != "[-] | []" {
+		t.Errorf("sa owns %s after a refused apply, want it untouched", got)
+	}
+	// sa's lock was given back: once the other apply ends, this one runs.
+	if _, err := other.Exec(ctx, "SELECT pg_advisory_unlock($1, $2)", lockClass, lockApply); err != nil {
+		t.Fatal(err)
+	}
+	c.mustApply(c.mapOf(2, "sa=80- sb=-80"))
+	if got := c.owned("sb"); got != "[-80] | []" {
+		t.Errorf("sb owns %s, want [-80]", got)
+	}
+}
+
+// An apply of version 9 began (its revoke ran) and stopped; version 8 must not be applied over
+// it, or the two maps' owners of -80 could both be active.
+func TestApplyMapRefusesOlderMapAfterNewerBegan(t *testing.T) {
+	c := newCluster(t, "sa", "sb", "sc")
+	c.mustApply(c.mapOf(7, "sa=- sb= sc="))
+	v9 := c.mapOf(9, "sa=80- sb= sc=-80")
+	for _, s := range v9.Shards {
+		o := Ownership{Shard: s.Name, MapVersion: 9, Ranges: v9.Ownership()[s.Name]}
+		if err := ApplyOwnership(context.Background(), c.pool(s.Name), o, Revoke); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := c.apply(c.mapOf(8, "sa=80- sb=-80 sc="))
+	if !errors.Is(err, ErrOlderMap) || !strings.Contains(err.Error(), "version 9") {
+		t.Fatalf("apply of version 8 after 9 began: %v, want ErrOlderMap naming version 9", err)
+	}
+	if got := c.owned("sb"); !strings.HasPrefix(got, "[] |") {
+		t.Errorf("sb owns %s; nothing may be granted by the older map", got)
+	}
+	// Finishing version 9 works and makes sc the one owner of -80.
+	c.mustApply(v9)
+	for shard, want := range map[string]string{"sa": "[80-] | []", "sb": "[] | []", "sc": "[-80] | []"} {
+		if got := c.owned(shard); got != want {
+			t.Errorf("%s owns %s, want %s", shard, got, want)
+		}
+	}
+}
+
+// A move that copied rows to sb and stopped before its grant, followed by a map that gives the
+// range back to sa: sb must not keep the copies, or a sum over shards counts them twice.
+func TestAbandonedMoveLeavesNoCopies(t *testing.T) {
+	c := newCluster(t, "sa", "sb")
+	c.mustApply(c.mapOf(1, "sa=- sb="))
+	c.transferAt("sa", "k1")
+	c.transferAt("sa", "k2")
+
+	// Version 2 (sb gets -80): revoke everywhere, copy, then stop.
+	v2 := c.mapOf(2, "sa=80- sb=-80")
+	for _, s := range v2.Shards {
+		o := Ownership{Shard: s.Name, MapVersion: 2, Ranges: v2.Ownership()[s.Name]}
+		if err := ApplyOwnership(context.Background(), c.pool(s.Name), o, Revoke); err != nil {
+			t.Fatal(err)
+		}
+	}
+	low, _ := shardmap.ParseKeyRange("-80")
+	mv := MoveReport{}
+	if err := copyRange(context.Background(), c.pool("sa"), c.pool("sb"), low, Daily, &mv); err != nil {
+		t.Fatal(err)
+	}
+	if mv.Records != 2 || mv.Ledger != 2 {
+		t.Fatalf("copied %d records and %d ledger rows, want 2 and 2", mv.Records, mv.Ledger)
+	}
+
+	c.mustApply(c.mapOf(3, "sa=- sb="))
+	if l, r := c.rows("sb"); l != 0 || r != 0 {
+		t.Errorf("sb holds %d ledger rows and %d records of a range it never owned", l, r)
+	}
+	if l, r := c.rows("sa"); l != 2 || r != 2 {
+		t.Errorf("sa holds %d ledger rows and %d records, want 2 and 2", l, r)
+	}
+	for shard, want := range map[string]string{"sa": "[-] | []", "sb": "[] | []"} {
+		if got := c.owned(shard); got != want {
+			t.Errorf("%s owns %s, want %s", shard, got, want)
+		}
+	}
+	// The keys still replay on their owner.
+	res, err := Transfer(context.Background(), c.pool("sa"), testTransfer("k1", 100))
+	if err != nil || res.Outcome != Replayed {
+		t.Errorf("retry of k1: %v %v, want replayed", res.Outcome, err)
+	}
+}
+
+// A copy into a shard that meanwhile runs a transfer with the same key (reused for an account
+// of that shard) must not leave two records of the key there.
+func TestCopyTakesKeyLocks(t *testing.T) {
+	c := newCluster(t, "sa", "sb")
+	c.mustApply(c.mapOf(1, "sa=-80 sb=80-"))
+	c.transferAt("sa", "k1")
+	v2 := c.mapOf(2, "sa= sb=-")
+	for _, s := range v2.Shards {
+		o := Ownership{Shard: s.Name, MapVersion: 2, Ranges: v2.Ownership()[s.Name]}
+		if err := ApplyOwnership(context.Background(), c.pool(s.Name), o, Revoke); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// On sb, a transfer of key k1 for a request of its own is in flight: it holds the key's
+	// lock and has written its record, not yet committed.
+	ctx := context.Background()
+	tx, err := c.pool("sb").Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	req := testTransfer("k1", 999)
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1 || E'\\n' || $2, 1))", req.Scope, req.Key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO idempotency_record (key, scope, request_hash, keyspace_id, response, state)
+		VALUES ($1, $2, $3, 0, '{}', 'completed')`, req.Key, req.Scope, req.RequestHash); err != nil {
+		t.Fatal(err)
+	}
+
+	low, _ := shardmap.ParseKeyRange("-80")
+	done := make(chan error, 1)
+	mv := MoveReport{}
+	go func() { done <- copyRange(ctx, c.pool("sa"), c.pool("sb"), low, Daily, &mv) }()
+	select {
+	case err := <-done:
+		t.Fatalf("the copy finished (%v) while the key's transfer held its lock", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := c.pool("sb").QueryRow(ctx, "SELECT count(*) FROM idempotency_record WHERE key = 'k1'").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || mv.Records != 0 || mv.Conflicts != 1 {
+		t.Errorf("sb holds %d records of k1; copy inserted %d with %d conflicts; want 1, 0 and 1", n, mv.Records, mv.Conflicts)
+	}
+}
+
+// Copies run in batches; every record of a range larger than a batch arrives, once.
+func TestCopyRangeInBatches(t *testing.T) {
+	c := newCluster(t, "sa", "sb")
+	c.mustApply(c.mapOf(1, "sa=- sb="))
+	ctx := context.Background()
+	const n = copyBatch*2 + 17
+	batch := &pgx.Batch{}
+	for i := range n {
+		r := testTransfer(fmt.Sprintf("key-%04d", i), 100)
+		r.TransferID = fmt.Sprintf("t-%d", i)
+		resp := `{"status":201,"headers":{},"body":""}`
+		batch.Queue(transferSQL, r.Scope, r.Key, r.RequestHash, signedKeyspace(r.KeyspaceID), r.TransferID, r.Client,
+			r.Src, r.Dst, r.Amount, r.Currency, nil, resp)
+	}
+	if err := c.pool("sa").SendBatch(ctx, batch).Close(); err != nil {
+		t.Fatal(err)
+	}
+	moves := c.mustApply(c.mapOf(2, "sa=80- sb=-80"))
+	if len(moves) != 1 || moves[0].Records != n || moves[0].Ledger != n {
+		t.Fatalf("moves %+v, want one of %d records and ledger rows", moves, n)
+	}
+	if l, r := c.rows("sb"); l != n || r != n {
+		t.Errorf("sb holds %d ledger rows and %d records, want %d", l, r, n)
+	}
+	if l, r := c.rows("sa"); l != 0 || r != 0 {
+		t.Errorf("sa kept %d ledger rows and %d records of the moved range", l, r)
+	}
+}
