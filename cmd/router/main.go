@@ -131,7 +131,11 @@ func loadConfig(path string) (*config.Config, *shardmap.Map, error) {
 	return cfg, m, nil
 }
 
-// openTopology opens pools for every shard of m, for commands that work on all shards.
+// openTopology opens pools for every shard of m, for commands that work on all shards
+// (migrate, maintain, shardmap apply). Each pool has at least 4 connections whatever serve's
+// max_conns: ApplyMap holds one per shard for its lock while it copies over others.
 func openTopology(cfg *config.Config, m *shardmap.Map) (*router.Topology, error) {
-	return router.OpenTopology(m, nil, cfg.ShardPool)
+	sp := cfg.ShardPool
+	sp.MaxConns = max(sp.MaxConns, 4)
+	return router.OpenTopology(m, nil, sp)
 }
