@@ -44,9 +44,12 @@ type Ownership struct {
 	Shard      string
 	MapVersion int64
 	Ranges     []shardmap.KeyRange // active: transfers in them are applied here
-	// Moving ranges hold rows that belong elsewhere: revoked and not yet handed to their new
-	// owner, or copied here ahead of a grant. Settle deletes them unless an active range covers them.
+	// Moving ranges were revoked: their rows here are not yet handed to their new owner.
 	Moving []shardmap.KeyRange
+	// Copied ranges hold rows copied here ahead of a grant that has not happened (yet). They
+	// are not held: the shard they were copied from still answers for them. Settle deletes the
+	// rows of moving and copied ranges that no active range covers.
+	Copied []shardmap.KeyRange
 	// Applying is the newest map version whose apply has begun on the shard; phases of older
 	// versions are refused from then on.
 	Applying int64
@@ -70,22 +73,25 @@ func readOwnership(ctx context.Context, tx pgx.Tx) (Ownership, error) {
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return o, err
 	}
-	rows, err := tx.Query(ctx, "SELECT key_range, active FROM shardgate_owned_range ORDER BY lo")
+	rows, err := tx.Query(ctx, "SELECT key_range, active, copied FROM shardgate_owned_range ORDER BY lo")
 	if err != nil {
 		return o, err
 	}
 	var (
-		spec   string
-		active bool
+		spec           string
+		active, copied bool
 	)
-	_, err = pgx.ForEachRow(rows, []any{&spec, &active}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&spec, &active, &copied}, func() error {
 		r, err := shardmap.ParseKeyRange(spec)
 		if err != nil {
 			return fmt.Errorf("shardgate_owned_range holds %q: %w", spec, err)
 		}
-		if active {
+		switch {
+		case active:
 			o.Ranges = append(o.Ranges, r)
-		} else {
+		case copied:
+			o.Copied = append(o.Copied, r)
+		default:
 			o.Moving = append(o.Moving, r)
 		}
 		return nil
@@ -148,7 +154,7 @@ func ApplyOwnership(ctx context.Context, pool *pgxpool.Pool, o Ownership, phase 
 				return err
 			}
 		}
-		active, moving := o.Ranges, cur.Moving
+		active, moving, copied := o.Ranges, cur.Moving, cur.Copied
 		switch phase {
 		case Revoke:
 			active = nil
@@ -171,20 +177,21 @@ func ApplyOwnership(ctx context.Context, pool *pgxpool.Pool, o Ownership, phase 
 				}
 			}
 		case Settle:
-			moving = nil
+			moving, copied = nil, nil
 		}
 		if _, err := tx.Exec(ctx, "DELETE FROM shardgate_owned_range"); err != nil {
 			return err
 		}
+		// One row per range string: active wins over moving, and moving (held) over copied.
 		for _, set := range []struct {
-			ranges []shardmap.KeyRange
-			active bool
-		}{{active, true}, {moving, false}} {
+			ranges         []shardmap.KeyRange
+			active, copied bool
+		}{{active, true, false}, {moving, false, false}, {copied, false, true}} {
 			for _, r := range set.ranges {
 				lo, hi := bounds(r)
-				if _, err := tx.Exec(ctx, `INSERT INTO shardgate_owned_range (key_range, lo, hi, active) VALUES ($1, $2, $3, $4)
-					ON CONFLICT (key_range) DO UPDATE SET active = shardgate_owned_range.active OR EXCLUDED.active`,
-					r.String(), lo, hi, set.active); err != nil {
+				if _, err := tx.Exec(ctx, `INSERT INTO shardgate_owned_range AS o (key_range, lo, hi, active, copied) VALUES ($1, $2, $3, $4, $5)
+					ON CONFLICT (key_range) DO UPDATE SET active = o.active OR EXCLUDED.active, copied = o.copied AND EXCLUDED.copied`,
+					r.String(), lo, hi, set.active, set.copied); err != nil {
 					return err
 				}
 			}
@@ -196,7 +203,8 @@ func ApplyOwnership(ctx context.Context, pool *pgxpool.Pool, o Ownership, phase 
 	})
 }
 
-// inRangeOf is true for a row whose keyspace_id lies in an owned range with the given activity.
+// inRangeOf is true for a row whose keyspace_id lies in an owned range with the given activity
+// (inactive: moving or copied).
 const inRangeOf = `EXISTS (SELECT 1 FROM shardgate_owned_range o
 	WHERE o.active = %t AND t.keyspace_id >= o.lo AND (o.hi IS NULL OR t.keyspace_id < o.hi))`
 
@@ -329,10 +337,12 @@ func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgx
 	return moves, apply(Settle)
 }
 
-// checkHolders refuses an apply that would lose track of rows: a shard whose DSN reaches the
-// database of another shard, or, once the cluster has been given ownership, key ranges that no
-// shard of m holds (active or moving) — they are held by a shard missing from m, whose rows
-// would be left behind and whose keys would then apply a second time on their new owner.
+// checkHolders refuses, before anything is changed, an apply that would lose track of rows or go
+// back: a shard whose DSN reaches the database of another shard; a shard that follows, or has
+// begun applying, a newer map; or, once the cluster has been given ownership, key ranges that no
+// shard of m holds (active or moving; copied ranges do not count) — they are held by a shard
+// missing from m, whose rows would be left behind and whose keys would then apply a second time
+// on their new owner.
 func checkHolders(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool) error {
 	var held []shardmap.KeyRange
 	initialized := false
@@ -343,6 +353,12 @@ func checkHolders(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpo
 		}
 		if o.Shard != "" && o.Shard != s.Name {
 			return fmt.Errorf("shard %s: its DSN reaches the database of shard %s; fix the DSN", s.Name, o.Shard)
+		}
+		// Refused here, before any shard is revoked: a revoke of this map on some shards would
+		// leave their ranges owned by nobody until the newer map is applied.
+		if newest := max(o.MapVersion, o.Applying); newest > m.Version {
+			return fmt.Errorf("shard %s: %w: it follows or has begun applying version %d, and this map is version %d; apply version %d or newer",
+				s.Name, ErrOlderMap, newest, m.Version, newest)
 		}
 		initialized = initialized || o.MapVersion > 0
 		held = append(held, o.Ranges...)
@@ -361,16 +377,22 @@ func checkHolders(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpo
 
 // takeApplyLocks takes the apply lock (a session advisory lock) on every shard of m, in name order,
 // each on a connection held until unlock. It fails at once, holding nothing, if a shard's lock is
-// taken: two applies that interleaved their phases could leave two shards owning one range.
+// taken: two applies that interleaved their phases could leave two shards owning one range. A
+// lock held by this very apply means two shards' DSNs reach one database, and says so.
 func takeApplyLocks(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool) (unlock func(), err error) {
-	var held []*pgxpool.Conn
+	type session struct {
+		shard string
+		conn  *pgxpool.Conn
+		id    string // backend pid and start time: unique on a server, and across servers in practice
+	}
+	var held []session
 	unlock = func() {
-		for _, c := range held {
-			if _, err := c.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1, $2)", lockClass, lockApply); err != nil {
+		for _, s := range held {
+			if _, err := s.conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1, $2)", lockClass, lockApply); err != nil {
 				// The pool must not keep a session that may still hold the lock.
-				c.Conn().Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing is the fallback
+				s.conn.Conn().Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing is the fallback
 			}
-			c.Release()
+			s.conn.Release()
 		}
 	}
 	names := make([]string, 0, len(m.Shards))
@@ -378,6 +400,7 @@ func takeApplyLocks(ctx context.Context, m *shardmap.Map, pool func(string) *pgx
 		names = append(names, s.Name)
 	}
 	slices.Sort(names)
+	const backend = "pg_backend_pid() || '@' || (SELECT extract(epoch FROM backend_start) FROM pg_stat_activity WHERE pid = pg_backend_pid())"
 	for _, name := range names {
 		c, err := pool(name).Acquire(ctx)
 		if err != nil {
@@ -385,15 +408,27 @@ func takeApplyLocks(ctx context.Context, m *shardmap.Map, pool func(string) *pgx
 			return nil, fmt.Errorf("shard %s: %w", name, err)
 		}
 		var ok bool
-		if err := c.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", lockClass, lockApply).Scan(&ok); err != nil || !ok {
+		var id string
+		err = c.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2), "+backend, lockClass, lockApply).Scan(&ok, &id)
+		if err == nil && !ok {
+			err = fmt.Errorf("%w there (router migrate or router shardmap apply); wait for it to finish, then run this again", ErrApplyRunning)
+			var holder *string
+			if qerr := c.QueryRow(ctx, `SELECT a.pid || '@' || extract(epoch FROM a.backend_start) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+				WHERE l.locktype = 'advisory' AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 AND l.granted
+				  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`, lockClass, lockApply).Scan(&holder); qerr == nil && holder != nil {
+				for _, h := range held {
+					if h.id == *holder {
+						err = fmt.Errorf("its DSN reaches the database of shard %s; fix the DSN", h.shard)
+					}
+				}
+			}
+		}
+		if err != nil {
 			c.Release()
 			unlock()
-			if err == nil {
-				err = fmt.Errorf("%w there (router migrate or router shardmap apply); wait for it to finish, then run this again", ErrApplyRunning)
-			}
 			return nil, fmt.Errorf("shard %s: %w", name, err)
 		}
-		held = append(held, c)
+		held = append(held, session{shard: name, conn: c, id: id})
 	}
 	return unlock, nil
 }
@@ -412,8 +447,9 @@ const (
 // dst, skipping rows dst already has, so it can run again after an interruption. No shard owns
 // r meanwhile, but dst serves its other ranges: each record is inserted under its key's lock
 // (shardgate_copy_records), so a transfer there reusing the key cannot add a second record.
-// Each transaction also lists r on dst as a moving range, so rows copied by an apply that never
-// reaches its grant are deleted when a later apply settles, instead of being left behind.
+// Each transaction also lists r on dst as a copied range, so rows copied by an apply that never
+// reaches its grant are deleted when a later apply settles, instead of being left behind; a
+// copied range is not held, so it cannot stand in for the shard the rows were copied from.
 func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, iv Interval, mv *MoveReport) error {
 	lo, hi := bounds(r)
 	var oldest, newest *time.Time
@@ -439,8 +475,9 @@ func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange,
 		q := fmt.Sprintf("SELECT %s FROM idempotency_record WHERE %s AND ($3::text IS NULL OR (scope, key) > ($3, $4)) ORDER BY scope, key LIMIT %d",
 			recordCols, inRange, copyBatch)
 		var n int
-		var last [2]string
-		done, err := copyInto(ctx, src, dst, r, "idempotency_record", recordCols, q, args, func(ctx context.Context, tx pgx.Tx, rows int) error {
+		var last [2]string // the source's last (scope, key): the source's order decides the next page
+		onRow := func(vals []any) { last[0], last[1] = vals[1].(string), vals[0].(string) }
+		done, err := copyInto(ctx, src, dst, r, "idempotency_record", recordCols, q, args, onRow, func(ctx context.Context, tx pgx.Tx, rows int) error {
 			n = rows
 			var inserted, conflicts int64
 			if err := tx.QueryRow(ctx, "SELECT inserted, conflicts FROM shardgate_copy_records()").Scan(&inserted, &conflicts); err != nil {
@@ -448,7 +485,7 @@ func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange,
 			}
 			mv.Records += inserted
 			mv.Conflicts += conflicts
-			return tx.QueryRow(ctx, "SELECT scope, key FROM moving_rows ORDER BY scope DESC, key DESC LIMIT 1").Scan(&last[0], &last[1])
+			return nil
 		})
 		if err != nil || done {
 			return err
@@ -459,7 +496,7 @@ func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange,
 		after = &last
 	}
 	// Ledger rows: their unique (transfer_id, kind) settles any race, so one statement does.
-	_, err := copyInto(ctx, src, dst, r, "ledger_entries", ledgerCols, fmt.Sprintf("SELECT %s FROM ledger_entries WHERE %s", ledgerCols, inRange), []any{lo, hi},
+	_, err := copyInto(ctx, src, dst, r, "ledger_entries", ledgerCols, fmt.Sprintf("SELECT %s FROM ledger_entries WHERE %s", ledgerCols, inRange), []any{lo, hi}, nil,
 		func(ctx context.Context, tx pgx.Tx, _ int) error {
 			tag, err := tx.Exec(ctx, fmt.Sprintf("INSERT INTO ledger_entries (%[1]s) SELECT %[1]s FROM moving_rows ON CONFLICT (transfer_id, kind) DO NOTHING", ledgerCols))
 			mv.Ledger += tag.RowsAffected()
@@ -469,11 +506,11 @@ func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange,
 }
 
 // copyInto runs one copy transaction on dst: it stages the rows query returns from src in the
-// temporary table moving_rows (cols of table), lists r on dst as moving, and calls insert with the
-// number of rows staged. done is true, and nothing is copied, when dst already serves part of r:
+// temporary table moving_rows (cols of table), passing each to onRow unless it is nil, and if
+// any were staged lists r on dst as copied and calls insert with their number. done is true, and nothing is copied, when dst already serves part of r:
 // an apply run again after its grant, whose copy was made and whose new rows are dst's own.
 func copyInto(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, table, cols, query string, args []any,
-	insert func(ctx context.Context, tx pgx.Tx, rows int) error) (done bool, err error) {
+	onRow func([]any), insert func(ctx context.Context, tx pgx.Tx, rows int) error) (done bool, err error) {
 	lo, hi := bounds(r)
 	err = pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1, $2)", lockClass, lockOwnership); err != nil {
@@ -481,10 +518,6 @@ func copyInto(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, 
 		}
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM shardgate_owned_range
 			WHERE active AND ($2::bigint IS NULL OR lo < $2) AND (hi IS NULL OR hi > $1))`, lo, hi).Scan(&done); err != nil || done {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO shardgate_owned_range (key_range, lo, hi, active) VALUES ($1, $2, $3, false)
-			ON CONFLICT (key_range) DO NOTHING`, r.String(), lo, hi); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE TEMP TABLE moving_rows ON COMMIT DROP AS SELECT %s FROM %s WITH NO DATA", cols, table)); err != nil {
@@ -498,14 +531,19 @@ func copyInto(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, 
 			if !rows.Next() {
 				return nil, rows.Err()
 			}
-			return rows.Values()
+			vals, err := rows.Values()
+			if err == nil && onRow != nil {
+				onRow(vals)
+			}
+			return vals, err
 		}))
 		rows.Close()
-		if err != nil {
+		if err != nil || n == 0 {
 			return err
 		}
-		if n == 0 {
-			return nil
+		if _, err := tx.Exec(ctx, `INSERT INTO shardgate_owned_range (key_range, lo, hi, active, copied) VALUES ($1, $2, $3, false, true)
+			ON CONFLICT (key_range) DO NOTHING`, r.String(), lo, hi); err != nil {
+			return err
 		}
 		return insert(ctx, tx, int(n))
 	})

@@ -130,21 +130,42 @@ func TestApplyMapRefusesWhileAnotherRuns(t *testing.T) {
 	}
 }
 
-// An apply of version 9 began (its revoke ran) and stopped; version 8 must not be applied over
-// it, or the two maps' owners of -80 could both be active.
+// revoke runs the revoke phase of m on the named shards only: an apply that stopped there.
+func (c *cluster) revoke(m *shardmap.Map, shards ...string) {
+	c.t.Helper()
+	c.phase(m, Revoke, shards...)
+}
+
+func (c *cluster) phase(m *shardmap.Map, p Phase, shards ...string) {
+	c.t.Helper()
+	for _, name := range shards {
+		o := Ownership{Shard: name, MapVersion: m.Version, Ranges: m.Ownership()[name]}
+		if err := ApplyOwnership(context.Background(), c.pool(name), o, p); err != nil {
+			c.t.Fatal(err)
+		}
+	}
+}
+
+// An apply of version 9 began (its revoke ran on sc) and stopped; version 8 must not be applied
+// over it, or the two maps' owners of -80 could both be active. It is refused before it revokes
+// anything, so no range is left without an owner.
 func TestApplyMapRefusesOlderMapAfterNewerBegan(t *testing.T) {
 	c := newCluster(t, "sa", "sb", "sc")
 	c.mustApply(c.mapOf(7, "sa=- sb= sc="))
 	v9 := c.mapOf(9, "sa=80- sb= sc=-80")
-	for _, s := range v9.Shards {
-		o := Ownership{Shard: s.Name, MapVersion: 9, Ranges: v9.Ownership()[s.Name]}
-		if err := ApplyOwnership(context.Background(), c.pool(s.Name), o, Revoke); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c.revoke(v9, "sc")
 	_, err := c.apply(c.mapOf(8, "sa=80- sb=-80 sc="))
 	if !errors.Is(err, ErrOlderMap) || !strings.Contains(err.Error(), "version 9") {
 		t.Fatalf("apply of version 8 after 9 began: %v, want ErrOlderMap naming version 9", err)
+	}
+	if got := c.owned("sa"); got != "[-] | []" {
+		t.Errorf("sa owns %s after the refused older map, want [-] untouched", got)
+	}
+	// Once it has begun on every shard, each refuses the older map's phases by itself too.
+	c.revoke(v9, "sa", "sb")
+	o := Ownership{Shard: "sb", MapVersion: 8, Ranges: c.mapOf(8, "sa=80- sb=-80 sc=").Ownership()["sb"]}
+	if err := ApplyOwnership(context.Background(), c.pool("sb"), o, Grant); !errors.Is(err, ErrOlderMap) {
+		t.Fatalf("grant of version 8 on sb after 9's revoke: %v, want ErrOlderMap", err)
 	}
 	if got := c.owned("sb"); !strings.HasPrefix(got, "[] |") {
 		t.Errorf("sb owns %s; nothing may be granted by the older map", got)
@@ -199,6 +220,55 @@ func TestAbandonedMoveLeavesNoCopies(t *testing.T) {
 	res, err := Transfer(context.Background(), c.pool("sa"), testTransfer("k1", 100))
 	if err != nil || res.Outcome != Replayed {
 		t.Errorf("retry of k1: %v %v, want replayed", res.Outcome, err)
+	}
+}
+
+// Rows copied by an apply that stopped do not make their destination a holder of the range:
+// a map leaving out the shard they came from is still refused, in both orders a reviewer found.
+func TestCopiedRangeIsNotHeld(t *testing.T) {
+	ctx := context.Background()
+	low, _ := shardmap.ParseKeyRange("-")
+	copyAll := func(c *cluster) {
+		mv := MoveReport{}
+		if err := copyRange(ctx, c.pool("sa"), c.pool("sb"), low, Daily, &mv); err != nil || mv.Records != 1 {
+			t.Fatalf("copy: %v, %d records", err, mv.Records)
+		}
+	}
+	t.Run("after the copy", func(t *testing.T) {
+		c := newCluster(t, "sa", "sb")
+		c.mustApply(c.mapOf(1, "sa=- sb="))
+		c.transferAt("sa", "k1")
+		c.revoke(c.mapOf(2, "sa= sb=-"), "sa", "sb")
+		copyAll(c)
+		if _, err := c.apply(c.mapOf(3, "sb=-")); err == nil || !strings.Contains(err.Error(), "held by no shard") {
+			t.Fatalf("apply leaving out sa: %v, want a refusal naming unheld ranges", err)
+		}
+	})
+	t.Run("after a grant back", func(t *testing.T) {
+		c := newCluster(t, "sa", "sb")
+		c.mustApply(c.mapOf(1, "sa=- sb="))
+		c.transferAt("sa", "k1")
+		c.revoke(c.mapOf(2, "sa= sb=-"), "sa", "sb")
+		copyAll(c)
+		v3 := c.mapOf(3, "sa=- sb=")
+		c.revoke(v3, "sa", "sb")
+		c.phase(v3, Grant, "sa", "sb")
+		if _, err := c.apply(c.mapOf(4, "sb=-")); err == nil || !strings.Contains(err.Error(), "held by no shard") {
+			t.Fatalf("apply leaving out sa: %v, want a refusal naming unheld ranges", err)
+		}
+		if got := c.owned("sb"); !strings.HasPrefix(got, "[] |") {
+			t.Errorf("sb owns %s, want no active range", got)
+		}
+	})
+}
+
+// Two shard names whose DSNs reach one database: the apply says so, not "another apply runs".
+func TestApplyMapNamesSharedDatabase(t *testing.T) {
+	c := newCluster(t, "sa")
+	c.pools["sb"] = c.pools["sa"]
+	_, err := c.apply(c.mapOf(1, "sa=-80 sb=80-"))
+	if err == nil || !strings.Contains(err.Error(), "shard sb: its DSN reaches the database of shard sa") {
+		t.Fatalf("apply: %v, want it to name the shared database", err)
 	}
 }
 

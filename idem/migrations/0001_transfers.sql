@@ -53,15 +53,18 @@ CREATE TABLE shardgate_shard (
     applying_version bigint      NOT NULL DEFAULT 0,
     updated_at       timestamptz NOT NULL DEFAULT now()
 );
--- active = false marks a range whose rows here belong to another shard: revoked from this
--- shard and not yet copied to its new owner, or copied here for a range this shard has not been
--- granted yet (idem.ApplyMap). Transfers only ever use active ranges; settling an apply deletes
--- the rows of inactive ranges that are not also covered by active ones.
+-- active = false marks a range whose rows here belong to another shard (idem.ApplyMap):
+-- revoked from this shard and not yet copied to its new owner (moving), or, with copied, rows
+-- copied here for a range this shard has not been granted yet. Transfers only ever use active
+-- ranges; settling an apply deletes the rows of inactive ranges not also covered by active ones.
+-- A copied range is not held: only the shard it was copied from answers for its rows.
 CREATE TABLE shardgate_owned_range (
     key_range text    PRIMARY KEY,
     lo        bigint  NOT NULL,
     hi        bigint,
     active    boolean NOT NULL DEFAULT true,
+    copied    boolean NOT NULL DEFAULT false,
+    CHECK (NOT (active AND copied)),
     CHECK (hi IS NULL OR lo < hi)
 );
 
