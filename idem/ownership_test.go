@@ -188,13 +188,7 @@ func TestAbandonedMoveLeavesNoCopies(t *testing.T) {
 	c.transferAt("sa", "k2")
 
 	// Version 2 (sb gets -80): revoke everywhere, copy, then stop.
-	v2 := c.mapOf(2, "sa=80- sb=-80")
-	for _, s := range v2.Shards {
-		o := Ownership{Shard: s.Name, MapVersion: 2, Ranges: v2.Ownership()[s.Name]}
-		if err := ApplyOwnership(context.Background(), c.pool(s.Name), o, Revoke); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c.revoke(c.mapOf(2, "sa=80- sb=-80"), "sa", "sb")
 	low, _ := shardmap.ParseKeyRange("-80")
 	mv := MoveReport{}
 	if err := copyRange(context.Background(), c.pool("sa"), c.pool("sb"), low, Daily, &mv); err != nil {
@@ -278,13 +272,7 @@ func TestCopyTakesKeyLocks(t *testing.T) {
 	c := newCluster(t, "sa", "sb")
 	c.mustApply(c.mapOf(1, "sa=-80 sb=80-"))
 	c.transferAt("sa", "k1")
-	v2 := c.mapOf(2, "sa= sb=-")
-	for _, s := range v2.Shards {
-		o := Ownership{Shard: s.Name, MapVersion: 2, Ranges: v2.Ownership()[s.Name]}
-		if err := ApplyOwnership(context.Background(), c.pool(s.Name), o, Revoke); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c.revoke(c.mapOf(2, "sa= sb=-"), "sa", "sb")
 
 	// On sb, a transfer of key k1 for a request of its own is in flight: it holds the key's
 	// lock and has written its record, not yet committed.
