@@ -222,28 +222,26 @@ func TestAbandonedMoveLeavesNoCopies(t *testing.T) {
 func TestCopiedRangeIsNotHeld(t *testing.T) {
 	ctx := context.Background()
 	low, _ := shardmap.ParseKeyRange("-")
-	copyAll := func(c *cluster) {
-		mv := MoveReport{}
-		if err := copyRange(ctx, c.pool("sa"), c.pool("sb"), low, Daily, &mv); err != nil || mv.Records != 1 {
-			t.Fatalf("copy: %v, %d records", err, mv.Records)
-		}
-	}
-	t.Run("after the copy", func(t *testing.T) {
+	// stoppedMove: version 2 moves everything from sa to sb, and stops after its copy.
+	stoppedMove := func(t *testing.T) *cluster {
 		c := newCluster(t, "sa", "sb")
 		c.mustApply(c.mapOf(1, "sa=- sb="))
 		c.transferAt("sa", "k1")
 		c.revoke(c.mapOf(2, "sa= sb=-"), "sa", "sb")
-		copyAll(c)
+		mv := MoveReport{}
+		if err := copyRange(ctx, c.pool("sa"), c.pool("sb"), low, Daily, &mv); err != nil || mv.Records != 1 {
+			t.Fatalf("copy: %v, %d records", err, mv.Records)
+		}
+		return c
+	}
+	t.Run("after the copy", func(t *testing.T) {
+		c := stoppedMove(t)
 		if _, err := c.apply(c.mapOf(3, "sb=-")); err == nil || !strings.Contains(err.Error(), "held by no shard") {
 			t.Fatalf("apply leaving out sa: %v, want a refusal naming unheld ranges", err)
 		}
 	})
 	t.Run("after a grant back", func(t *testing.T) {
-		c := newCluster(t, "sa", "sb")
-		c.mustApply(c.mapOf(1, "sa=- sb="))
-		c.transferAt("sa", "k1")
-		c.revoke(c.mapOf(2, "sa= sb=-"), "sa", "sb")
-		copyAll(c)
+		c := stoppedMove(t)
 		v3 := c.mapOf(3, "sa=- sb=")
 		c.revoke(v3, "sa", "sb")
 		c.phase(v3, Grant, "sa", "sb")
