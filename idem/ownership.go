@@ -35,6 +35,10 @@ func sameRanges(a, b []shardmap.KeyRange) bool {
 	return true
 }
 
+// ErrUnfinishedApply means a shard holds the state of an apply that stopped part-way, of
+// another version than the one being applied.
+var ErrUnfinishedApply = errors.New("an earlier shard map apply is unfinished")
+
 // ErrApplyRunning means another ApplyMap (router migrate or router shardmap apply) holds the
 // apply lock of a shard.
 var ErrApplyRunning = errors.New("another shard map apply is running")
@@ -339,11 +343,13 @@ func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgx
 
 // checkHolders refuses, before anything is changed, an apply that would lose track of rows or go
 // back: a shard whose DSN reaches the database of another shard; a shard that follows, or has
-// begun applying, a newer map; or, once the cluster has been given ownership, key ranges that no
+// begun applying, a newer map; a shard where the apply of another version stopped part-way; a
+// shard that follows this version with other ranges; or, once the cluster has been given ownership, key ranges that no
 // shard of m holds (active or moving; copied ranges do not count) — they are held by a shard
 // missing from m, whose rows would be left behind and whose keys would then apply a second time
 // on their new owner.
 func checkHolders(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool) error {
+	owned := m.Ownership()
 	var held []shardmap.KeyRange
 	initialized := false
 	for _, s := range m.Shards {
@@ -359,6 +365,17 @@ func checkHolders(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpo
 		if newest := max(o.MapVersion, o.Applying); newest > m.Version {
 			return fmt.Errorf("shard %s: %w: it follows or has begun applying version %d, and this map is version %d; apply version %d or newer",
 				s.Name, ErrOlderMap, newest, m.Version, newest)
+		}
+		// An apply that stopped (revoked and not granted, or granted and not settled) must be
+		// finished, by applying the same map again, before another: its moving ranges would
+		// otherwise stand in as held for ranges a shard missing from this map already owns.
+		if unfinished := o.Applying > o.MapVersion || len(o.Moving) > 0 || len(o.Copied) > 0; unfinished && o.Applying != m.Version {
+			return fmt.Errorf("shard %s: %w: the apply of version %d stopped part-way; apply that map again to finish it, then this one",
+				s.Name, ErrUnfinishedApply, o.Applying)
+		}
+		if o.MapVersion == m.Version && !sameRanges(o.Ranges, owned[s.Name]) {
+			return fmt.Errorf("shard %s: %w: it owns %v at version %d, the map gives it %v; raise the version",
+				s.Name, ErrChangedMap, o.Ranges, m.Version, owned[s.Name])
 		}
 		initialized = initialized || o.MapVersion > 0
 		held = append(held, o.Ranges...)

@@ -179,79 +179,85 @@ func TestApplyMapRefusesOlderMapAfterNewerBegan(t *testing.T) {
 	}
 }
 
-// A move that copied rows to sb and stopped before its grant, followed by a map that gives the
-// range back to sa: sb must not keep the copies, or a sum over shards counts them twice.
-func TestAbandonedMoveLeavesNoCopies(t *testing.T) {
-	c := newCluster(t, "sa", "sb")
-	c.mustApply(c.mapOf(1, "sa=- sb="))
-	c.transferAt("sa", "k1")
-	c.transferAt("sa", "k2")
-
-	// Version 2 (sb gets -80): revoke everywhere, copy, then stop.
-	c.revoke(c.mapOf(2, "sa=80- sb=-80"), "sa", "sb")
-	low, _ := shardmap.ParseKeyRange("-80")
-	mv := MoveReport{}
-	if err := copyRange(context.Background(), c.pool("sa"), c.pool("sb"), low, Daily, &mv); err != nil {
-		t.Fatal(err)
-	}
-	if mv.Records != 2 || mv.Ledger != 2 {
-		t.Fatalf("copied %d records and %d ledger rows, want 2 and 2", mv.Records, mv.Ledger)
-	}
-
-	c.mustApply(c.mapOf(3, "sa=- sb="))
-	if l, r := c.rows("sb"); l != 0 || r != 0 {
-		t.Errorf("sb holds %d ledger rows and %d records of a range it never owned", l, r)
-	}
-	if l, r := c.rows("sa"); l != 2 || r != 2 {
-		t.Errorf("sa holds %d ledger rows and %d records, want 2 and 2", l, r)
-	}
-	for shard, want := range map[string]string{"sa": "[-] | []", "sb": "[] | []"} {
-		if got := c.owned(shard); got != want {
-			t.Errorf("%s owns %s, want %s", shard, got, want)
-		}
-	}
-	// The keys still replay on their owner.
-	res, err := Transfer(context.Background(), c.pool("sa"), testTransfer("k1", 100))
-	if err != nil || res.Outcome != Replayed {
-		t.Errorf("retry of k1: %v %v, want replayed", res.Outcome, err)
-	}
-}
-
-// Rows copied by an apply that stopped do not make their destination a holder of the range:
-// a map leaving out the shard they came from is still refused, in both orders a reviewer found.
-func TestCopiedRangeIsNotHeld(t *testing.T) {
+// An apply that stopped part-way must be finished, by applying its map again, before another
+// map is applied: otherwise ranges the stopped apply left moving stand in as held for ranges a
+// shard missing from the new map already owns, and a key applies on two shards. Each case stops
+// version 2 (sb gets -80 from sa) at another point; sc then offers the map that must wait.
+func TestStoppedApplyMustFinishFirst(t *testing.T) {
 	ctx := context.Background()
-	low, _ := shardmap.ParseKeyRange("-")
-	// stoppedMove: version 2 moves everything from sa to sb, and stops after its copy.
-	stoppedMove := func(t *testing.T) *cluster {
-		c := newCluster(t, "sa", "sb")
-		c.mustApply(c.mapOf(1, "sa=- sb="))
-		c.transferAt("sa", "k1")
-		c.revoke(c.mapOf(2, "sa= sb=-"), "sa", "sb")
+	low, _ := shardmap.ParseKeyRange("-80")
+	v2 := func(c *cluster) *shardmap.Map { return c.mapOf(2, "sa=80- sb=-80 sc=") }
+	copyLow := func(t *testing.T, c *cluster) {
 		mv := MoveReport{}
 		if err := copyRange(ctx, c.pool("sa"), c.pool("sb"), low, Daily, &mv); err != nil || mv.Records != 1 {
 			t.Fatalf("copy: %v, %d records", err, mv.Records)
 		}
-		return c
 	}
-	t.Run("after the copy", func(t *testing.T) {
-		c := stoppedMove(t)
-		if _, err := c.apply(c.mapOf(3, "sb=-")); err == nil || !strings.Contains(err.Error(), "held by no shard") {
-			t.Fatalf("apply leaving out sa: %v, want a refusal naming unheld ranges", err)
-		}
-	})
-	t.Run("after a grant back", func(t *testing.T) {
-		c := stoppedMove(t)
-		v3 := c.mapOf(3, "sa=- sb=")
-		c.revoke(v3, "sa", "sb")
-		c.phase(v3, Grant, "sa", "sb")
-		if _, err := c.apply(c.mapOf(4, "sb=-")); err == nil || !strings.Contains(err.Error(), "held by no shard") {
-			t.Fatalf("apply leaving out sa: %v, want a refusal naming unheld ranges", err)
-		}
-		if got := c.owned("sb"); !strings.HasPrefix(got, "[] |") {
-			t.Errorf("sb owns %s, want no active range", got)
-		}
-	})
+	cases := []struct {
+		name string
+		stop func(t *testing.T, c *cluster) // runs part of version 2
+		next string                         // version 3, which must wait
+	}{
+		{"after revoke, map back", func(t *testing.T, c *cluster) { c.revoke(v2(c), "sa", "sb", "sc") }, "sa=- sb= sc="},
+		{"after copy, source left out", func(t *testing.T, c *cluster) {
+			c.revoke(v2(c), "sa", "sb", "sc")
+			copyLow(t, c)
+		}, "sb=- sc="},
+		{"after grant, new owner left out", func(t *testing.T, c *cluster) {
+			c.revoke(v2(c), "sa", "sb", "sc")
+			copyLow(t, c)
+			c.phase(v2(c), Grant, "sa", "sb", "sc")
+			c.transferAt("sb", "k2") // acknowledged by the new owner
+		}, "sa=80- sc=-80"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, "sa", "sb", "sc")
+			c.mustApply(c.mapOf(1, "sa=- sb= sc="))
+			c.transferAt("sa", "k1")
+			tc.stop(t, c)
+			before := map[string]string{}
+			for _, sh := range []string{"sa", "sb", "sc"} {
+				before[sh] = c.owned(sh)
+			}
+			if _, err := c.apply(c.mapOf(3, tc.next)); !errors.Is(err, ErrUnfinishedApply) || !strings.Contains(err.Error(), "version 2") {
+				t.Fatalf("apply of version 3: %v, want ErrUnfinishedApply naming version 2", err)
+			}
+			for sh, want := range before {
+				if got := c.owned(sh); got != want {
+					t.Errorf("%s owns %s after the refusal, want %s unchanged", sh, got, want)
+				}
+			}
+			// Finishing version 2, then version 3, works, and leaves every row once.
+			c.mustApply(v2(c))
+			c.mustApply(c.mapOf(3, "sa=- sb= sc="))
+			if l, r := c.rows("sb"); l != 0 || r != 0 {
+				t.Errorf("sb kept %d ledger rows and %d records after the range went back to sa", l, r)
+			}
+			res, err := Transfer(ctx, c.pool("sa"), testTransfer("k1", 100))
+			if err != nil || res.Outcome != Replayed {
+				t.Errorf("retry of k1 on sa: %v %v, want replayed", res.Outcome, err)
+			}
+		})
+	}
+}
+
+// A map changed under a version a shard already follows is refused before any shard is
+// revoked, or the shards revoked first would leave their ranges without an owner.
+func TestApplyMapRefusesChangedMapBeforeRevoking(t *testing.T) {
+	c := newCluster(t, "sa", "sb")
+	c.mustApply(c.mapOf(1, "sa=-80 sb=80-"))
+	v2 := c.mapOf(2, "sa=-80 sb=80-")
+	c.revoke(v2, "sa", "sb")
+	c.phase(v2, Grant, "sa")
+	_, err := c.apply(c.mapOf(2, "sb=40- sa=-40"))
+	if !errors.Is(err, ErrChangedMap) {
+		t.Fatalf("apply of a changed version 2: %v, want ErrChangedMap", err)
+	}
+	if got := c.owned("sb"); got != "[80-] | []" {
+		t.Errorf("sb owns %s, want [80-] untouched", got)
+	}
+	c.mustApply(v2) // the real version 2 still finishes
 }
 
 // Two shard names whose DSNs reach one database: the apply says so, not "another apply runs".
