@@ -2,6 +2,8 @@ package idem
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -55,8 +57,35 @@ type Ownership struct {
 	// rows of moving and copied ranges that no active range covers.
 	Copied []shardmap.KeyRange
 	// Applying is the newest map version whose apply has begun on the shard; phases of older
-	// versions are refused from then on.
+	// versions are refused from then on. Digest is MapDigest of that map, so the same version
+	// with other contents is told apart (empty when written by ApplyOwnership without one).
 	Applying int64
+	Digest   string
+}
+
+// MapDigest identifies what a map says about ownership: its version, and each shard's name and
+// ranges (DSNs are left out: they are secret, and do not decide who owns what).
+func MapDigest(m *shardmap.Map) string {
+	owned := m.Ownership()
+	names := make([]string, 0, len(m.Shards))
+	for _, s := range m.Shards {
+		names = append(names, s.Name)
+	}
+	slices.Sort(names)
+	h := sha256.New()
+	fmt.Fprintf(h, "version %d\n", m.Version)
+	for _, n := range names {
+		rs := slices.Clone(owned[n])
+		sort.Slice(rs, func(i, j int) bool { return rs[i].Lo() < rs[j].Lo() })
+		fmt.Fprintf(h, "%s %v\n", n, rs)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// settlePending reports a shard granted the map it was applying but not yet settled: its moving
+// rows are copies its new owners hold (every copy of an apply ends before its first grant).
+func (o Ownership) settlePending() bool {
+	return o.MapVersion == o.Applying && (len(o.Moving) > 0 || len(o.Copied) > 0)
 }
 
 // ReadOwnership returns what the shard behind pool believes it owns. A shard that was never
@@ -73,7 +102,7 @@ func ReadOwnership(ctx context.Context, pool *pgxpool.Pool) (Ownership, error) {
 
 func readOwnership(ctx context.Context, tx pgx.Tx) (Ownership, error) {
 	var o Ownership
-	err := tx.QueryRow(ctx, "SELECT shard_name, map_version, applying_version FROM shardgate_shard").Scan(&o.Shard, &o.MapVersion, &o.Applying)
+	err := tx.QueryRow(ctx, "SELECT shard_name, map_version, applying_version, applying_digest FROM shardgate_shard").Scan(&o.Shard, &o.MapVersion, &o.Applying, &o.Digest)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return o, err
 	}
@@ -200,9 +229,14 @@ func ApplyOwnership(ctx context.Context, pool *pgxpool.Pool, o Ownership, phase 
 				}
 			}
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO shardgate_shard (shard_name, map_version, applying_version) VALUES ($1, $2, $3)
+		digest := o.Digest
+		if o.MapVersion == cur.Applying && digest == "" {
+			digest = cur.Digest
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO shardgate_shard (shard_name, map_version, applying_version, applying_digest) VALUES ($1, $2, $3, $4)
 			ON CONFLICT (singleton) DO UPDATE SET shard_name = EXCLUDED.shard_name, map_version = EXCLUDED.map_version,
-				applying_version = EXCLUDED.applying_version, updated_at = now()`, o.Shard, version, max(cur.Applying, o.MapVersion))
+				applying_version = EXCLUDED.applying_version, applying_digest = EXCLUDED.applying_digest, updated_at = now()`,
+			o.Shard, version, max(cur.Applying, o.MapVersion), digest)
 		return err
 	})
 }
@@ -294,13 +328,22 @@ func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgx
 		return nil, err
 	}
 	defer unlock()
-	if err := checkHolders(ctx, m, pool); err != nil {
+	stale, err := checkHolders(ctx, m, pool)
+	if err != nil {
 		return nil, err
 	}
+	// Finish the settle an earlier apply left undone, before its moving ranges could be mistaken
+	// for this apply's.
+	for _, name := range stale {
+		if err := settleStale(ctx, pool(name)); err != nil {
+			return nil, fmt.Errorf("shard %s: settle the unfinished earlier apply: %w", name, err)
+		}
+	}
 	owned := m.Ownership()
+	digest := MapDigest(m)
 	apply := func(phase Phase) error {
 		for _, s := range m.Shards {
-			o := Ownership{Shard: s.Name, MapVersion: m.Version, Ranges: owned[s.Name]}
+			o := Ownership{Shard: s.Name, MapVersion: m.Version, Ranges: owned[s.Name], Digest: digest}
 			if err := ApplyOwnership(ctx, pool(s.Name), o, phase); err != nil {
 				return fmt.Errorf("shard %s: apply ownership of map version %d: %w", s.Name, m.Version, err)
 			}
@@ -348,48 +391,79 @@ func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgx
 // shard of m holds (active or moving; copied ranges do not count) — they are held by a shard
 // missing from m, whose rows would be left behind and whose keys would then apply a second time
 // on their new owner.
-func checkHolders(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool) error {
+func checkHolders(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool) (stale []string, err error) {
 	owned := m.Ownership()
+	digest := MapDigest(m)
 	var held []shardmap.KeyRange
 	initialized := false
 	for _, s := range m.Shards {
 		o, err := ReadOwnership(ctx, pool(s.Name))
 		if err != nil {
-			return fmt.Errorf("shard %s: %w", s.Name, err)
+			return nil, fmt.Errorf("shard %s: %w", s.Name, err)
 		}
 		if o.Shard != "" && o.Shard != s.Name {
-			return fmt.Errorf("shard %s: its DSN reaches the database of shard %s; fix the DSN", s.Name, o.Shard)
+			return nil, fmt.Errorf("shard %s: its DSN reaches the database of shard %s; fix the DSN", s.Name, o.Shard)
 		}
 		// Refused here, before any shard is revoked: a revoke of this map on some shards would
 		// leave their ranges owned by nobody until the newer map is applied.
 		if newest := max(o.MapVersion, o.Applying); newest > m.Version {
-			return fmt.Errorf("shard %s: %w: it follows or has begun applying version %d, and this map is version %d; apply version %d or newer",
+			return nil, fmt.Errorf("shard %s: %w: it follows or has begun applying version %d, and this map is version %d; apply version %d or newer",
 				s.Name, ErrOlderMap, newest, m.Version, newest)
 		}
-		// An apply that stopped (revoked and not granted, or granted and not settled) must be
-		// finished, by applying the same map again, before another: its moving ranges would
-		// otherwise stand in as held for ranges a shard missing from this map already owns.
-		if unfinished := o.Applying > o.MapVersion || len(o.Moving) > 0 || len(o.Copied) > 0; unfinished && o.Applying != m.Version {
-			return fmt.Errorf("shard %s: %w: the apply of version %d stopped part-way; apply that map again to finish it, then this one",
-				s.Name, ErrUnfinishedApply, o.Applying)
+		// The same version with other contents, even on shards this map leaves out of its
+		// ranges, or leaves out altogether (seen on the others): two maps under one version
+		// could give one range to two shards.
+		if o.Applying == m.Version && o.Digest != "" && o.Digest != digest {
+			return nil, fmt.Errorf("shard %s: %w: version %d was applied, or begun, with another map (other shards or ranges); apply that exact map, or raise the version",
+				s.Name, ErrChangedMap, m.Version)
 		}
 		if o.MapVersion == m.Version && !sameRanges(o.Ranges, owned[s.Name]) {
-			return fmt.Errorf("shard %s: %w: it owns %v at version %d, the map gives it %v; raise the version",
+			return nil, fmt.Errorf("shard %s: %w: it owns %v at version %d, the map gives it %v; raise the version",
 				s.Name, ErrChangedMap, o.Ranges, m.Version, owned[s.Name])
 		}
+		switch {
+		case o.Applying > o.MapVersion && o.Applying != m.Version:
+			// Revoked and not granted: the copies of that apply may be incomplete, so only the
+			// same map may go on from here.
+			return nil, fmt.Errorf("shard %s: %w: the apply of version %d stopped before its grant; apply that map again to finish it, then this one",
+				s.Name, ErrUnfinishedApply, o.Applying)
+		case o.settlePending() && o.Applying != m.Version:
+			// Granted and not settled: its moving rows are copies their new owners hold, so they
+			// are not held here; this apply settles them first.
+			stale = append(stale, s.Name)
+			held = append(held, o.Ranges...)
+		default:
+			held = append(held, o.Ranges...)
+			held = append(held, o.Moving...)
+		}
 		initialized = initialized || o.MapVersion > 0
-		held = append(held, o.Ranges...)
-		held = append(held, o.Moving...)
 	}
 	if !initialized {
-		return nil // a new cluster: nothing is held anywhere yet
+		return stale, nil // a new cluster: nothing is held anywhere yet
 	}
 	sort.Slice(held, func(i, j int) bool { return held[i].Lo() < held[j].Lo() })
 	if !covers(held, shardmap.KeyRange{}) {
-		return errors.New("some key ranges are held by no shard of this map: a shard removed from the map still owns them. " +
-			"Put it back with `ranges: []`, apply (its rows move to their new owners), and only then remove it")
+		return nil, errors.New("some key ranges are held by no shard of this map: a shard removed from the map still owns them, " +
+			"or an apply that stopped has not granted them yet. Apply the stopped map again to finish it; " +
+			"to remove a shard, put it back with `ranges: []`, apply (its rows move to their new owners), and only then remove it")
 	}
-	return nil
+	return stale, nil
+}
+
+// settleStale finishes the settle of an apply that was granted on this shard but not settled:
+// it deletes the rows of its inactive ranges that no active range covers (their new owners
+// hold copies) and forgets those ranges. Versions are left as they are.
+func settleStale(ctx context.Context, pool *pgxpool.Pool) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", lockClass, lockOwnership); err != nil {
+			return err
+		}
+		if err := deleteMovedRows(ctx, tx); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "DELETE FROM shardgate_owned_range WHERE NOT active")
+		return err
+	})
 }
 
 // takeApplyLocks takes the apply lock (a session advisory lock) on every shard of m, in name order,

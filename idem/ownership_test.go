@@ -179,10 +179,11 @@ func TestApplyMapRefusesOlderMapAfterNewerBegan(t *testing.T) {
 	}
 }
 
-// An apply that stopped part-way must be finished, by applying its map again, before another
-// map is applied: otherwise ranges the stopped apply left moving stand in as held for ranges a
-// shard missing from the new map already owns, and a key applies on two shards. Each case stops
-// version 2 (sb gets -80 from sa) at another point; sc then offers the map that must wait.
+// An apply that stopped before its grant must be finished, by applying its map again, before
+// another map is applied; one that stopped after its grant does not count its moving ranges as
+// held (they stood in for a shard missing from the next map, and a key applied on two shards).
+// Each case stops version 2 (sb gets -80 from sa) at another point, then offers a version 3 that
+// must be refused.
 func TestStoppedApplyMustFinishFirst(t *testing.T) {
 	ctx := context.Background()
 	low, _ := shardmap.ParseKeyRange("-80")
@@ -193,22 +194,27 @@ func TestStoppedApplyMustFinishFirst(t *testing.T) {
 			t.Fatalf("copy: %v, %d records", err, mv.Records)
 		}
 	}
+	unfinished := func(err error) bool {
+		return errors.Is(err, ErrUnfinishedApply) && strings.Contains(err.Error(), "version 2")
+	}
+	unheld := func(err error) bool { return err != nil && strings.Contains(err.Error(), "held by no shard") }
 	cases := []struct {
-		name string
-		stop func(t *testing.T, c *cluster) // runs part of version 2
-		next string                         // version 3, which must wait
+		name    string
+		stop    func(t *testing.T, c *cluster) // runs part of version 2
+		next    string                         // version 3, which must be refused
+		refused func(error) bool
 	}{
-		{"after revoke, map back", func(t *testing.T, c *cluster) { c.revoke(v2(c), "sa", "sb", "sc") }, "sa=- sb= sc="},
+		{"after revoke, map back", func(t *testing.T, c *cluster) { c.revoke(v2(c), "sa", "sb", "sc") }, "sa=- sb= sc=", unfinished},
 		{"after copy, source left out", func(t *testing.T, c *cluster) {
 			c.revoke(v2(c), "sa", "sb", "sc")
 			copyLow(t, c)
-		}, "sb=- sc="},
+		}, "sb=- sc=", unfinished},
 		{"after grant, new owner left out", func(t *testing.T, c *cluster) {
 			c.revoke(v2(c), "sa", "sb", "sc")
 			copyLow(t, c)
 			c.phase(v2(c), Grant, "sa", "sb", "sc")
 			c.transferAt("sb", "k2") // acknowledged by the new owner
-		}, "sa=80- sc=-80"},
+		}, "sa=80- sc=-80", unheld},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -220,8 +226,8 @@ func TestStoppedApplyMustFinishFirst(t *testing.T) {
 			for _, sh := range []string{"sa", "sb", "sc"} {
 				before[sh] = c.owned(sh)
 			}
-			if _, err := c.apply(c.mapOf(3, tc.next)); !errors.Is(err, ErrUnfinishedApply) || !strings.Contains(err.Error(), "version 2") {
-				t.Fatalf("apply of version 3: %v, want ErrUnfinishedApply naming version 2", err)
+			if _, err := c.apply(c.mapOf(3, tc.next)); !tc.refused(err) {
+				t.Fatalf("apply of version 3 (%s): %v, want it refused", tc.next, err)
 			}
 			for sh, want := range before {
 				if got := c.owned(sh); got != want {
@@ -240,6 +246,87 @@ func TestStoppedApplyMustFinishFirst(t *testing.T) {
 			}
 		})
 	}
+}
+
+// An apply granted everywhere but not settled is settled by the next map, which then proceeds:
+// whether that map keeps every shard, or leaves out one the stopped apply drained.
+func TestNextMapSettlesGrantedApply(t *testing.T) {
+	ctx := context.Background()
+	t.Run("all shards kept", func(t *testing.T) {
+		c := newCluster(t, "sa", "sb")
+		c.mustApply(c.mapOf(1, "sa=- sb="))
+		c.transferAt("sa", "k1")
+		v2 := c.mapOf(2, "sa=80- sb=-80")
+		c.revoke(v2, "sa", "sb")
+		low, _ := shardmap.ParseKeyRange("-80")
+		if err := copyRange(ctx, c.pool("sa"), c.pool("sb"), low, Daily, &MoveReport{}); err != nil {
+			t.Fatal(err)
+		}
+		c.phase(v2, Grant, "sa", "sb")
+		c.mustApply(c.mapOf(3, "sa=- sb="))
+		if l, r := c.rows("sb"); l != 0 || r != 0 {
+			t.Errorf("sb kept %d ledger rows and %d records", l, r)
+		}
+		if l, r := c.rows("sa"); l != 1 || r != 1 {
+			t.Errorf("sa holds %d ledger rows and %d records, want 1 and 1", l, r)
+		}
+	})
+	t.Run("drained shard left out, then added back", func(t *testing.T) {
+		c := newCluster(t, "sa", "sb")
+		c.mustApply(c.mapOf(1, "sa=80- sb=-80"))
+		c.transferAt("sb", "k1")
+		// Version 2 drains sb, and its settle stops before reaching sb.
+		v2 := c.mapOf(2, "sa=- sb=")
+		c.revoke(v2, "sa", "sb")
+		low, _ := shardmap.ParseKeyRange("-80")
+		if err := copyRange(ctx, c.pool("sb"), c.pool("sa"), low, Daily, &MoveReport{}); err != nil {
+			t.Fatal(err)
+		}
+		c.phase(v2, Grant, "sa", "sb")
+		c.phase(v2, Settle, "sa")
+		c.mustApply(c.mapOf(3, "sa=-")) // sb removed: nothing here can see it
+		c.mustApply(c.mapOf(4, "sa=- sb="))
+		if l, r := c.rows("sb"); l != 0 || r != 0 {
+			t.Errorf("sb kept %d ledger rows and %d records of its drained range", l, r)
+		}
+		if got := c.owned("sb"); got != "[] | []" {
+			t.Errorf("sb owns %s, want nothing", got)
+		}
+		res, err := Transfer(ctx, c.pool("sa"), testTransfer("k1", 100))
+		if err != nil || res.Outcome != Replayed {
+			t.Errorf("retry of k1 on sa: %v %v, want replayed", res.Outcome, err)
+		}
+	})
+}
+
+// The same version with another map is refused, even when the shard it changes is left out of
+// the new map: version 2 stopped after its grant (sb acknowledged k2), then an edited version 2
+// gives -80 to sd, a shard new to the cluster, instead of sb.
+func TestSameVersionOtherMapRefused(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t, "sa", "sb", "sc", "sd")
+	c.mustApply(c.mapOf(1, "sa=- sb= sc="))
+	c.transferAt("sa", "k1")
+	v2 := c.mapOf(2, "sa=80- sb=-80 sc=")
+	c.revoke(v2, "sa", "sb", "sc")
+	low, _ := shardmap.ParseKeyRange("-80")
+	if err := copyRange(ctx, c.pool("sa"), c.pool("sb"), low, Daily, &MoveReport{}); err != nil {
+		t.Fatal(err)
+	}
+	c.phase(v2, Grant, "sa", "sb", "sc")
+	c.transferAt("sb", "k2")
+	// The phases above ran without a digest; ApplyMap's own would store one. Store it as the
+	// apply of v2 would have.
+	if _, err := c.pool("sa").Exec(ctx, "UPDATE shardgate_shard SET applying_digest = $1", MapDigest(v2)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.apply(c.mapOf(2, "sa=80- sc= sd=-80")); !errors.Is(err, ErrChangedMap) {
+		t.Fatalf("edited version 2: %v, want ErrChangedMap", err)
+	}
+	if got := c.owned("sd"); got != "[] | []" {
+		t.Errorf("sd owns %s, want nothing", got)
+	}
+	c.mustApply(v2) // the real version 2 still finishes
 }
 
 // A map changed under a version a shard already follows is refused before any shard is

@@ -51,6 +51,7 @@ CREATE TABLE shardgate_shard (
     shard_name       text        NOT NULL,
     map_version      bigint      NOT NULL CHECK (map_version >= 0),
     applying_version bigint      NOT NULL DEFAULT 0,
+    applying_digest  text        NOT NULL DEFAULT '', -- of that map's shards and ranges (idem.MapDigest)
     updated_at       timestamptz NOT NULL DEFAULT now()
 );
 -- active = false marks a range whose rows here belong to another shard (idem.ApplyMap):
