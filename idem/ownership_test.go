@@ -146,6 +146,25 @@ func (c *cluster) phase(m *shardmap.Map, p Phase, shards ...string) {
 	}
 }
 
+// grantedNotSettled runs m's revoke on every shard of m, copies r from one shard to another,
+// and grants m on every shard: an apply that stopped before its settle.
+func (c *cluster) grantedNotSettled(m *shardmap.Map, r, from, to string) {
+	c.t.Helper()
+	var names []string
+	for _, s := range m.Shards {
+		names = append(names, s.Name)
+	}
+	c.revoke(m, names...)
+	kr, err := shardmap.ParseKeyRange(r)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if err := copyRange(context.Background(), c.pool(from), c.pool(to), kr, Daily, &MoveReport{}); err != nil {
+		c.t.Fatal(err)
+	}
+	c.phase(m, Grant, names...)
+}
+
 // An apply of version 9 began (its revoke ran on sc) and stopped; version 8 must not be applied
 // over it, or the two maps' owners of -80 could both be active. It is refused before it revokes
 // anything, so no range is left without an owner.
@@ -210,9 +229,7 @@ func TestStoppedApplyMustFinishFirst(t *testing.T) {
 			copyLow(t, c)
 		}, "sb=- sc=", unfinished},
 		{"after grant, new owner left out", func(t *testing.T, c *cluster) {
-			c.revoke(v2(c), "sa", "sb", "sc")
-			copyLow(t, c)
-			c.phase(v2(c), Grant, "sa", "sb", "sc")
+			c.grantedNotSettled(v2(c), "-80", "sa", "sb")
 			c.transferAt("sb", "k2") // acknowledged by the new owner
 		}, "sa=80- sc=-80", unheld},
 	}
@@ -256,13 +273,7 @@ func TestNextMapSettlesGrantedApply(t *testing.T) {
 		c := newCluster(t, "sa", "sb")
 		c.mustApply(c.mapOf(1, "sa=- sb="))
 		c.transferAt("sa", "k1")
-		v2 := c.mapOf(2, "sa=80- sb=-80")
-		c.revoke(v2, "sa", "sb")
-		low, _ := shardmap.ParseKeyRange("-80")
-		if err := copyRange(ctx, c.pool("sa"), c.pool("sb"), low, Daily, &MoveReport{}); err != nil {
-			t.Fatal(err)
-		}
-		c.phase(v2, Grant, "sa", "sb")
+		c.grantedNotSettled(c.mapOf(2, "sa=80- sb=-80"), "-80", "sa", "sb")
 		c.mustApply(c.mapOf(3, "sa=- sb="))
 		if l, r := c.rows("sb"); l != 0 || r != 0 {
 			t.Errorf("sb kept %d ledger rows and %d records", l, r)
@@ -277,12 +288,7 @@ func TestNextMapSettlesGrantedApply(t *testing.T) {
 		c.transferAt("sb", "k1")
 		// Version 2 drains sb, and its settle stops before reaching sb.
 		v2 := c.mapOf(2, "sa=- sb=")
-		c.revoke(v2, "sa", "sb")
-		low, _ := shardmap.ParseKeyRange("-80")
-		if err := copyRange(ctx, c.pool("sb"), c.pool("sa"), low, Daily, &MoveReport{}); err != nil {
-			t.Fatal(err)
-		}
-		c.phase(v2, Grant, "sa", "sb")
+		c.grantedNotSettled(v2, "-80", "sb", "sa")
 		c.phase(v2, Settle, "sa")
 		c.mustApply(c.mapOf(3, "sa=-")) // sb removed: nothing here can see it
 		c.mustApply(c.mapOf(4, "sa=- sb="))
@@ -308,12 +314,7 @@ func TestSameVersionOtherMapRefused(t *testing.T) {
 	c.mustApply(c.mapOf(1, "sa=- sb= sc="))
 	c.transferAt("sa", "k1")
 	v2 := c.mapOf(2, "sa=80- sb=-80 sc=")
-	c.revoke(v2, "sa", "sb", "sc")
-	low, _ := shardmap.ParseKeyRange("-80")
-	if err := copyRange(ctx, c.pool("sa"), c.pool("sb"), low, Daily, &MoveReport{}); err != nil {
-		t.Fatal(err)
-	}
-	c.phase(v2, Grant, "sa", "sb", "sc")
+	c.grantedNotSettled(v2, "-80", "sa", "sb")
 	c.transferAt("sb", "k2")
 	// The phases above ran without a digest; ApplyMap's own would store one. Store it as the
 	// apply of v2 would have.
