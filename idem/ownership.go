@@ -396,11 +396,25 @@ func checkHolders(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpo
 	digest := MapDigest(m)
 	var held []shardmap.KeyRange
 	initialized := false
-	for _, s := range m.Shards {
-		o, err := ReadOwnership(ctx, pool(s.Name))
-		if err != nil {
+	all := make([]Ownership, len(m.Shards))
+	for i, s := range m.Shards {
+		if all[i], err = ReadOwnership(ctx, pool(s.Name)); err != nil {
 			return nil, fmt.Errorf("shard %s: %w", s.Name, err)
 		}
+	}
+	// activeElsewhere is the union of the ranges the other shards of m are active on.
+	activeElsewhere := func(i int) []shardmap.KeyRange {
+		var rs []shardmap.KeyRange
+		for j, o := range all {
+			if j != i {
+				rs = append(rs, o.Ranges...)
+			}
+		}
+		sort.Slice(rs, func(a, b int) bool { return rs[a].Lo() < rs[b].Lo() })
+		return rs
+	}
+	for i, s := range m.Shards {
+		o := all[i]
 		if o.Shard != "" && o.Shard != s.Name {
 			return nil, fmt.Errorf("shard %s: its DSN reaches the database of shard %s; fix the DSN", s.Name, o.Shard)
 		}
@@ -422,6 +436,11 @@ func checkHolders(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpo
 				s.Name, ErrChangedMap, o.Ranges, m.Version, owned[s.Name])
 		}
 		switch {
+		case o.Applying > o.MapVersion && o.Applying != m.Version && len(o.Ranges) == 0 && allCovered(o.Moving, activeElsewhere(i)):
+			// Revoked, not granted, and drained: every range it gave up is active elsewhere,
+			// which takes a grant, and an apply grants only after all its copies. So its rows
+			// are copies others hold (a drain stopped before this shard's grant): settle it.
+			stale = append(stale, s.Name)
 		case o.Applying > o.MapVersion && o.Applying != m.Version:
 			// Revoked and not granted: the copies of that apply may be incomplete, so only the
 			// same map may go on from here.
@@ -448,6 +467,16 @@ func checkHolders(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpo
 			"to remove a shard, put it back with `ranges: []`, apply (its rows move to their new owners), and only then remove it")
 	}
 	return stale, nil
+}
+
+// allCovered reports whether every range of rs lies in the union of set (sorted by Lo).
+func allCovered(rs, set []shardmap.KeyRange) bool {
+	for _, r := range rs {
+		if !covers(set, r) {
+			return false
+		}
+	}
+	return true
 }
 
 // settleStale finishes the settle of an apply that was granted on this shard but not settled:
