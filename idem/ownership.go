@@ -436,10 +436,12 @@ func checkHolders(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpo
 				s.Name, ErrChangedMap, o.Ranges, m.Version, owned[s.Name])
 		}
 		switch {
-		case o.Applying > o.MapVersion && o.Applying != m.Version && len(o.Ranges) == 0 && allCovered(o.Moving, activeElsewhere(i)):
+		case o.Applying > o.MapVersion && o.Applying != m.Version && len(o.Ranges) == 0 && len(o.Copied) == 0 &&
+			allCovered(o.Moving, activeElsewhere(i)):
 			// Revoked, not granted, and drained: every range it gave up is active elsewhere,
 			// which takes a grant, and an apply grants only after all its copies. So its rows
-			// are copies others hold (a drain stopped before this shard's grant): settle it.
+			// are copies others hold (a drain stopped before this shard's grant): settle it. A
+			// shard holding copied ranges was to be granted them: it is no drain.
 			stale = append(stale, s.Name)
 		case o.Applying > o.MapVersion && o.Applying != m.Version:
 			// Revoked and not granted: the copies of that apply may be incomplete, so only the
@@ -455,7 +457,9 @@ func checkHolders(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpo
 			held = append(held, o.Ranges...)
 			held = append(held, o.Moving...)
 		}
-		initialized = initialized || o.MapVersion > 0
+		// A shard that has begun an apply, or holds any range, is part of a cluster already.
+		initialized = initialized || o.MapVersion > 0 || o.Applying > 0 ||
+			len(o.Ranges)+len(o.Moving)+len(o.Copied) > 0
 	}
 	if !initialized {
 		return stale, nil // a new cluster: nothing is held anywhere yet

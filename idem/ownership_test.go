@@ -340,6 +340,33 @@ func TestDrainStoppedBeforeItsGrant(t *testing.T) {
 	}
 }
 
+// A new shard that a stopped apply copied rows to, and did not grant, is no fresh database and
+// no drain: a map of it alone must not be taken as a new cluster, nor its copies settled away.
+func TestStoppedCopyDestinationIsNotANewCluster(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t, "sa", "sn")
+	c.mustApply(c.mapOf(1, "sa=-"))
+	c.transferAt("sa", "k1")
+	v2 := c.mapOf(2, "sa= sn=-")
+	c.revoke(v2, "sa", "sn")
+	all, _ := shardmap.ParseKeyRange("-")
+	if err := copyRange(ctx, c.pool("sa"), c.pool("sn"), all, Daily, &MoveReport{}); err != nil {
+		t.Fatal(err)
+	}
+	c.phase(v2, Grant, "sa") // stops before sn
+	if _, err := c.apply(c.mapOf(3, "sn=-")); err == nil {
+		t.Fatal("a map of only the stopped apply's destination was accepted")
+	}
+	if l, r := c.rows("sn"); l != 1 || r != 1 {
+		t.Errorf("sn holds %d ledger rows and %d records, want its copy (1 and 1) kept", l, r)
+	}
+	c.mustApply(v2)
+	res, err := Transfer(ctx, c.pool("sn"), testTransfer("k1", 100))
+	if err != nil || res.Outcome != Replayed {
+		t.Errorf("retry of k1 on sn: %v %v, want replayed", res.Outcome, err)
+	}
+}
+
 // The same version with another map is refused, even when the shard it changes is left out of
 // the new map: version 2 stopped after its grant (sb acknowledged k2), then an edited version 2
 // gives -80 to sd, a shard new to the cluster, instead of sb.
