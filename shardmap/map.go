@@ -3,7 +3,8 @@ package shardmap
 import (
 	"fmt"
 	"sort"
-	"strings"
+
+	"github.com/shardgate/shardgate/internal/dsn"
 )
 
 // Shard is one PostgreSQL shard and the keyspace ranges it owns.
@@ -25,21 +26,14 @@ type Shard struct {
 // the user-info password and any password or sslpassword parameter of a
 // URL, and password=... settings of a key=value DSN. A DSN that does not
 // parse is returned as "xxxxx" entirely. The result is safe for logs.
-func (s Shard) RedactedDSN() string { return redactDSN(s.DSN) }
+func (s Shard) RedactedDSN() string { return dsn.Redact(s.DSN) }
 
 // Scrub returns text with every password of the shard's DSN replaced by
 // "xxxxx", in each spelling it can take there: as written, unquoted and
 // unescaped, and URL-decoded. Use it on error text that a library built
 // from the DSN, such as a pgx parse error, whose own redaction is best
 // effort and misses forms libpq accepts (password = 'a b').
-func (s Shard) Scrub(text string) string {
-	for _, v := range secretValues(s.DSN) {
-		if v != "" {
-			text = strings.ReplaceAll(text, v, redacted)
-		}
-	}
-	return text
-}
+func (s Shard) Scrub(text string) string { return dsn.Scrub(s.DSN, text) }
 
 // String describes the shard for logs, with its DSN redacted.
 func (s Shard) String() string {

@@ -174,30 +174,3 @@ func TestPrintingNeverLeaksDSN(t *testing.T) {
 	}
 }
 
-func TestExpandVars(t *testing.T) {
-	lookup := env("A", "1", "B_2", "two", "LOOP", "${A}")
-	tests := []struct {
-		in, out   string
-		unset     []string
-		malformed bool
-	}{
-		{"plain", "plain", nil, false},
-		{"${A}-${B_2}", "1-two", nil, false},
-		{"$A $ $$ {A} pa$s", "$A $ $$ {A} pa$s", nil, false},
-		{"${LOOP}", "${A}", nil, false}, // expanded once, not recursively
-		{"${X}${Y}${X}", "", []string{"X", "Y"}, false},
-		{"${A", "${A", nil, true},
-		{"${}", "${}", nil, true},
-		{"${1A}x", "${1A}x", nil, true},
-		{"${A-B}", "${A-B}", nil, true},
-	}
-	for _, tt := range tests {
-		out, unset, malformed := expandVars(tt.in, lookup)
-		if out != tt.out || !reflect.DeepEqual(unset, tt.unset) || malformed != tt.malformed {
-			t.Errorf("expandVars(%q) = %q %v %v, want %q %v %v", tt.in, out, unset, malformed, tt.out, tt.unset, tt.malformed)
-		}
-	}
-	if out, unset, _ := expandVars("${A}", nil); out != "" || !reflect.DeepEqual(unset, []string{"A"}) {
-		t.Errorf("nil lookupEnv: %q %v", out, unset)
-	}
-}

@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/shardgate/shardgate/internal/dsn"
 )
 
 // Problem is one thing wrong with a shard map file.
@@ -378,7 +380,7 @@ func (c *checker) dsn(entry, n *yaml.Node, label string) string {
 		c.add(n.Line, "dsn of "+label+" must be a string", dsnHint)
 		return ""
 	}
-	dsn, unset, malformed := expandVars(n.Value, c.lookupEnv)
+	conn, unset, malformed := dsn.Expand(n.Value, c.lookupEnv)
 	for _, name := range unset {
 		c.add(n.Line, fmt.Sprintf("dsn of %s uses ${%s}, which is not set", label, name),
 			fmt.Sprintf("set %s in the router's environment, or write the value into the file", name))
@@ -390,14 +392,14 @@ func (c *checker) dsn(entry, n *yaml.Node, label string) string {
 	switch {
 	case len(unset) > 0 || malformed:
 		// The text is incomplete; judging its form would mislead.
-	case dsn == "":
+	case conn == "":
 		c.add(n.Line, "dsn of "+label+" is empty after expanding environment variables", "set the variable to the shard's connection string")
 	default:
-		if err := checkDSN(dsn); err != nil {
+		if err := dsn.Check(conn); err != nil {
 			c.add(n.Line, fmt.Sprintf("dsn of %s %v", label, err), dsnHint)
 		}
 	}
-	return dsn
+	return conn
 }
 
 // coverage reports overlaps, and gaps when reportGaps is set, among the

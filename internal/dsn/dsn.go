@@ -1,4 +1,8 @@
-package shardmap
+// Package dsn is the grammar of PostgreSQL connection strings as libpq reads them (postgres://
+// URLs and key=value settings): ${VAR} expansion, syntax checks whose messages never quote a
+// password, redaction for logs, scrubbing of library error text, and the one parse that turns a
+// DSN into pgx pool settings. It never connects to anything.
+package dsn
 
 import (
 	"errors"
@@ -8,11 +12,11 @@ import (
 	"strings"
 )
 
-// redacted replaces secrets in anything printed. It is the same mask
+// Redacted replaces secrets in anything printed. It is the same mask
 // net/url uses, so URL and key=value DSNs look alike in logs.
-const redacted = "xxxxx"
+const Redacted = "xxxxx"
 
-// expandVars replaces every ${NAME} in s with lookupEnv(NAME), once: text
+// Expand replaces every ${NAME} in s with lookupEnv(NAME), once: text
 // coming from the environment is not expanded again. A '$' not followed by
 // '{' is literal, so passwords containing '$' need no escaping. It returns
 // the names that are unset (each once, in order of appearance) and whether
@@ -20,7 +24,7 @@ const redacted = "xxxxx"
 // rather than kept as literal text because it would otherwise surface later
 // as a confusing connection failure. A nil lookupEnv treats every variable
 // as unset.
-func expandVars(s string, lookupEnv func(string) (string, bool)) (out string, unset []string, malformed bool) {
+func Expand(s string, lookupEnv func(string) (string, bool)) (out string, unset []string, malformed bool) {
 	var b strings.Builder
 	for {
 		i := strings.Index(s, "${")
@@ -76,9 +80,9 @@ func isURLDSN(dsn string) bool {
 	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
 }
 
-// checkDSN reports whether dsn is a postgres URL or a libpq key=value
+// checkSyntax reports whether dsn is a postgres URL or a libpq key=value
 // string. Its messages never quote the DSN: the DSN holds a password.
-func checkDSN(dsn string) error {
+func checkSyntax(dsn string) error {
 	if isURLDSN(dsn) {
 		// url.Parse's error quotes the whole input, password included, so
 		// it is deliberately not wrapped.
@@ -89,6 +93,19 @@ func checkDSN(dsn string) error {
 	}
 	if _, err := parseKeyValueDSN(dsn); err != nil {
 		return fmt.Errorf("is neither a postgres:// URL nor a key=value connection string: %w", err)
+	}
+	return nil
+}
+
+// Check reports whether dsn is a postgres URL or a libpq key=value string whose settings the
+// router's driver accepts (sslmode, timeouts, pool settings, TLS files): a map that passes
+// Check is never refused later when its pools are opened. Its messages never quote the DSN.
+func Check(dsn string) error {
+	if err := checkSyntax(dsn); err != nil {
+		return err
+	}
+	if _, err := PoolConfig(dsn); err != nil {
+		return fmt.Errorf("is refused by the PostgreSQL driver: %w", err)
 	}
 	return nil
 }
@@ -205,12 +222,12 @@ func isSecretKey(key string) bool {
 	return strings.Contains(strings.ToLower(key), "password")
 }
 
-// secretValues lists every password in dsn in each form it may be printed
+// Secrets lists every password in dsn in each form it may be printed
 // in, longest first so that scrubbing a longer form is not defeated by a
 // shorter one replaced inside it first. A DSN that does not parse has no
 // known boundaries, so the whole DSN and each blank-separated word of it
 // are listed instead.
-func secretValues(dsn string) []string {
+func Secrets(dsn string) []string {
 	var vals []string
 	if isURLDSN(dsn) {
 		u, err := url.Parse(dsn)
@@ -259,19 +276,19 @@ func unquoteValue(raw string) string {
 	return b.String()
 }
 
-// redactDSN masks every password in dsn. A DSN it cannot parse is masked
+// Redact masks every password in dsn. A DSN it cannot parse is masked
 // whole: guessing where its password ends could leak part of it.
-func redactDSN(dsn string) string {
+func Redact(dsn string) string {
 	if isURLDSN(dsn) {
 		u, err := url.Parse(dsn)
 		if err != nil {
-			return redacted
+			return Redacted
 		}
 		q := u.Query()
 		masked := false
 		for k := range q {
 			if isSecretKey(k) {
-				q[k] = []string{redacted}
+				q[k] = []string{Redacted}
 				masked = true
 			}
 		}
@@ -282,14 +299,14 @@ func redactDSN(dsn string) string {
 	}
 	pairs, err := parseKeyValueDSN(dsn)
 	if err != nil {
-		return redacted
+		return Redacted
 	}
 	var b strings.Builder
 	last := 0
 	for _, p := range pairs {
 		if isSecretKey(p.key) {
 			b.WriteString(dsn[last:p.valStart])
-			b.WriteString(redacted)
+			b.WriteString(Redacted)
 			last = p.valEnd
 		}
 	}
