@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/shardgate/shardgate/localpg"
+	"github.com/shardgate/shardgate/internal/localpg"
 	"github.com/shardgate/shardgate/shardmap"
 )
 

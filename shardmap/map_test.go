@@ -173,4 +173,3 @@ func TestPrintingNeverLeaksDSN(t *testing.T) {
 		t.Errorf("GoString() = %q", got)
 	}
 }
-

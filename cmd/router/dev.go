@@ -10,8 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-
-	"github.com/shardgate/shardgate/localpg"
 )
 
 // dev runs a local sandbox: PostgreSQL shards as local processes (no Docker), a generated
@@ -42,21 +40,13 @@ func dev(ctx context.Context, args []string, out io.Writer, log *slog.Logger) er
 	}
 
 	fmt.Fprintf(out, "starting %d PostgreSQL shards under %s ...\n", *n, base)
-	servers, err := localpg.StartCluster(ctx, *n, localpg.Options{Dir: filepath.Join(base, "shards")})
+	dsns, stopShards, err := startDevShards(ctx, *n, filepath.Join(base, "shards"))
 	if err != nil {
 		ln.Close()
 		return err
 	}
-	defer func() {
-		for _, s := range servers {
-			s.Close() //nolint:errcheck // best effort on the way out
-		}
-	}()
+	defer stopShards()
 
-	var dsns []string
-	for _, s := range servers {
-		dsns = append(dsns, s.DSN())
-	}
 	cfgPath := filepath.Join(base, "router.yaml")
 	if err := os.WriteFile(filepath.Join(base, "shardmap.yaml"), []byte(devShardmap(dsns)), 0o600); err != nil {
 		ln.Close()

@@ -42,7 +42,7 @@ import (
 
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
-	"github.com/shardgate/shardgate/localpg"
+	"github.com/shardgate/shardgate/internal/localpg"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardmap"
 )

@@ -23,6 +23,7 @@ import (
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/router"
+	"github.com/shardgate/shardgate/shardgatetest"
 	"github.com/shardgate/shardgate/shardmap"
 )
 
@@ -106,7 +107,7 @@ func TestBankUnderFaults(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cluster, err := StartCluster(ctx, numShards)
+	cluster, err := shardgatetest.StartCluster(ctx, numShards)
 	if err != nil {
 		// A fault suite that cannot start tests nothing: in CI that is a failure.
 		if os.Getenv("CI") != "" {
@@ -365,17 +366,17 @@ func check(ctx context.Context, t *testing.T, ops []*op, pools map[string]*pgxpo
 // bankRouter is the router image running as a container on the shards' network, as users
 // deploy it; the "restart the router" fault SIGKILLs it mid-traffic and starts it again.
 type bankRouter struct {
-	*Router
+	*shardgatetest.Router
 	cfg *config.Config // as the router reads it, for the partition interval
 	m   *shardmap.Map  // the router's map with the shards' host DSNs, for migrations and checks
 }
 
 // startBankRouter does what `router migrate` does on every shard, from the host, then starts
 // the router container with the same map naming the shards by their network aliases.
-func startBankRouter(ctx context.Context, t *testing.T, c *Cluster) *bankRouter {
+func startBankRouter(ctx context.Context, t *testing.T, c *shardgatetest.Cluster) *bankRouter {
 	t.Helper()
 	ranges := []string{"-55", "55-aa", "aa-"}
-	shardMap := func(dsn func(*Shard) string) []byte {
+	shardMap := func(dsn func(*shardgatetest.Shard) string) []byte {
 		var b bytes.Buffer
 		b.WriteString("version: 1\nshards:\n")
 		for i, s := range c.Shards {
@@ -386,10 +387,10 @@ func startBankRouter(ctx context.Context, t *testing.T, c *Cluster) *bankRouter 
 	routerYAML := fmt.Appendf(nil, bankYAML, sha256Hex(bankToken))
 	rt := &bankRouter{}
 	var err error
-	if rt.cfg, err = config.Parse(routerConfigDir+"/router.yaml", routerYAML); err != nil {
+	if rt.cfg, err = config.Parse(shardgatetest.RouterConfigDir+"/router.yaml", routerYAML); err != nil {
 		t.Fatal(err)
 	}
-	if rt.m, err = shardmap.Parse("shardmap.yaml", shardMap((*Shard).DSN), nil); err != nil {
+	if rt.m, err = shardmap.Parse("shardmap.yaml", shardMap((*shardgatetest.Shard).DSN), nil); err != nil {
 		t.Fatal(err)
 	}
 	pools := rt.assertionPools(ctx, t)
@@ -404,7 +405,7 @@ func startBankRouter(ctx context.Context, t *testing.T, c *Cluster) *bankRouter 
 	if _, err := idem.ApplyMap(ctx, rt.m, func(s string) *pgxpool.Pool { return pools[s] }, rt.cfg.Idempotency.PartitionInterval); err != nil {
 		t.Fatal(err)
 	}
-	if rt.Router, err = c.StartRouter(ctx, routerYAML, shardMap((*Shard).NetworkDSN)); err != nil {
+	if rt.Router, err = c.StartRouter(ctx, routerYAML, shardMap((*shardgatetest.Shard).NetworkDSN)); err != nil {
 		t.Fatal(err)
 	}
 	return rt
@@ -427,7 +428,7 @@ func (rt *bankRouter) assertionPools(ctx context.Context, t *testing.T) map[stri
 
 // checkRouterLogs fails the test if the router's log holds a shard password or the client
 // token, and shows the log's end when the test failed.
-func checkRouterLogs(ctx context.Context, t *testing.T, rt *bankRouter, c *Cluster) {
+func checkRouterLogs(ctx context.Context, t *testing.T, rt *bankRouter, c *shardgatetest.Cluster) {
 	t.Helper()
 	logs, err := rt.Logs(ctx)
 	if err != nil {
@@ -441,7 +442,7 @@ func checkRouterLogs(ctx context.Context, t *testing.T, rt *bankRouter, c *Clust
 	}
 	secrets := []string{bankToken}
 	for _, s := range c.Shards {
-		secrets = append(secrets, s.password)
+		secrets = append(secrets, s.Password())
 	}
 	for _, sec := range secrets {
 		if strings.Contains(logs, sec) {

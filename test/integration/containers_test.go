@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/shardgate/shardgate/test/faults"
+	"github.com/shardgate/shardgate/shardgatetest"
 )
 
 // SHARDGATE_TEST_BACKEND chooses where the suite's shards run: unset or "local" starts them as
@@ -26,13 +26,13 @@ func init() {
 
 // Stop, Restart and Close are what the suite needs; the cluster's network goes away with the
 // last Close.
-var _ shardServer = (*faults.Shard)(nil)
+var _ shardServer = (*shardgatetest.Shard)(nil)
 
 // containerShards starts n shard containers. Their DSNs name fixed host ports, so the router's
 // pools, opened once with those DSNs, reach the same shard after a Restart. dir is unused: the
 // data lives in the containers.
 func containerShards(ctx context.Context, n int, _ string) ([]shardServer, error) {
-	c, err := faults.StartCluster(ctx, n)
+	c, err := shardgatetest.StartCluster(ctx, n)
 	if err != nil {
 		return nil, err
 	}

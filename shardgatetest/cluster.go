@@ -1,14 +1,14 @@
-// Package faults runs PostgreSQL shards as containers on a private Docker network and breaks
-// them on purpose: stop, kill, pause, cut off from the network. The integration suite uses it
-// as its container backend (SHARDGATE_TEST_BACKEND=docker); this package's own tests are a
-// Jepsen-style bank check of the router, itself a container on the same network (StartRouter),
-// under those faults and its own SIGKILL.
+// Package shardgatetest runs PostgreSQL shards, and the router, as containers on a private
+// Docker network through testcontainers-go, and breaks them on purpose: stop, kill, pause, cut
+// off from the network. It is for integration tests: shardgate's own multi-shard suite
+// (SHARDGATE_TEST_BACKEND=docker) and bank fault suite use it, and so can the tests of services
+// that call shardgate.
 //
 // Nothing is pulled: the images (shardgate/postgres:15 and shardgate/router:dev by default,
 // SHARDGATE_PG_IMAGE and SHARDGATE_ROUTER_IMAGE to choose others, e.g. postgres:15 where a
 // registry is reachable) must exist locally, built by deploy/images/build-postgres-image.sh
 // and deploy/images/build-router-image.sh.
-package faults
+package shardgatetest
 
 import (
 	"context"
@@ -33,7 +33,7 @@ import (
 	"github.com/testcontainers/testcontainers-go/network"
 	"github.com/testcontainers/testcontainers-go/wait"
 
-	"github.com/shardgate/shardgate/localpg"
+	"github.com/shardgate/shardgate/internal/localpg"
 )
 
 // Label marks every container and network this package creates, so a CI step can sweep what a
@@ -273,6 +273,10 @@ type Shard struct {
 // DSN is the shard's connection string from the host. It stays the same across Stop, Kill and
 // Restart because the host port is bound explicitly.
 func (s *Shard) DSN() string { return s.dsnAt("127.0.0.1", strconv.Itoa(s.port)) }
+
+// Password is the shard's database password, random per container; a test can check that it
+// never reaches a log.
+func (s *Shard) Password() string { return s.password }
 
 func (s *Shard) dsnAt(host, port string) string {
 	return fmt.Sprintf("postgres://%s:%s@%s/%s?sslmode=disable", dbUser, s.password, net.JoinHostPort(host, port), dbName)
