@@ -24,6 +24,7 @@ import (
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardmap"
+	"github.com/shardgate/shardgate/topology"
 )
 
 // object is the part of a Kubernetes object these tests read. Unknown fields are ignored: the
@@ -552,7 +553,7 @@ func routerMetrics(t *testing.T) map[string]bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	topo, err := router.OpenTopology(m, nil, cfg.ShardPool)
+	topo, err := topology.Open(m, nil, cfg.ShardPool)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/shardmap"
+	"github.com/shardgate/shardgate/topology"
 )
 
 // FuzzDecodeTransfer: any body either decodes to a valid transfer or is a client error; a
@@ -90,7 +91,7 @@ func FuzzPostTransfer(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	topo, err := OpenTopology(m, nil, cfg.ShardPool)
+	topo, err := topology.Open(m, nil, cfg.ShardPool)
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -4,6 +4,8 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardgate/shardgate/topology"
 )
 
 // Outcome labels of shardgate_transfers_total.
@@ -29,7 +31,7 @@ type metrics struct {
 	reloads   *prometheus.CounterVec
 }
 
-func newMetrics(reg prometheus.Registerer, topo *atomic.Pointer[Topology]) *metrics {
+func newMetrics(reg prometheus.Registerer, topo *atomic.Pointer[topology.Topology]) *metrics {
 	m := &metrics{
 		transfers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shardgate_transfers_total",
@@ -51,7 +53,7 @@ func newMetrics(reg prometheus.Registerer, topo *atomic.Pointer[Topology]) *metr
 
 // poolCollector reports pgxpool statistics of the live topology's pools at scrape time.
 type poolCollector struct {
-	topo *atomic.Pointer[Topology]
+	topo *atomic.Pointer[topology.Topology]
 }
 
 var (
@@ -81,8 +83,8 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(mapVersion, prometheus.GaugeValue, float64(t.Map.Version))
-	for name, c := range t.shards {
-		st := c.pool.Stat()
+	t.Each(func(name string, c *topology.Shard) {
+		st := c.Pool.Stat()
 		ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.AcquiredConns()), name, "acquired")
 		ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.IdleConns()), name, "idle")
 		ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.ConstructingConns()), name, "constructing")
@@ -90,5 +92,5 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(poolAcquires, prometheus.CounterValue, float64(st.AcquireCount()), name)
 		ch <- prometheus.MustNewConstMetric(poolEmptyAcquires, prometheus.CounterValue, float64(st.EmptyAcquireCount()), name)
 		ch <- prometheus.MustNewConstMetric(poolAcquireWait, prometheus.CounterValue, st.AcquireDuration().Seconds(), name)
-	}
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/shardgate/shardgate/shardmap"
+	"github.com/shardgate/shardgate/topology"
 )
 
 // ReloadResult labels shardgate_shardmap_reloads_total.
@@ -55,11 +56,11 @@ func (s *Server) reload(path string) (ReloadResult, error) {
 		}
 		return ReloadRefused, fmt.Errorf("%w: the map changed but its version is still %d; raise the version", ErrMapRefused, m.Version)
 	}
-	next, err := OpenTopology(m, cur, s.cfg.ShardPool)
+	next, err := topology.Open(m, cur, s.cfg.ShardPool)
 	if err != nil {
 		return ReloadRefused, fmt.Errorf("%w: %w", ErrMapRefused, err)
 	}
 	s.topo.Store(next)
-	go cur.retire(next)
+	go cur.Retire(next)
 	return ReloadApplied, nil
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/shardmap"
+	"github.com/shardgate/shardgate/topology"
 )
 
 // operation is the idempotency scope's operation part: scope = client + ":" + operation.
@@ -40,7 +41,7 @@ const maxKeyClockSkew = time.Minute
 type Server struct {
 	cfg      *config.Config
 	log      *slog.Logger
-	topo     atomic.Pointer[Topology]
+	topo     atomic.Pointer[topology.Topology]
 	metrics  *metrics
 	mux      *http.ServeMux // the API, and the admin endpoints unless they have their own listener
 	admin    http.Handler
@@ -48,7 +49,7 @@ type Server struct {
 }
 
 // New builds a Server serving topo. Metrics are registered on reg and served from it.
-func New(cfg *config.Config, topo *Topology, log *slog.Logger, reg *prometheus.Registry) *Server {
+func New(cfg *config.Config, topo *topology.Topology, log *slog.Logger, reg *prometheus.Registry) *Server {
 	s := &Server{cfg: cfg, log: log, mux: http.NewServeMux()}
 	s.topo.Store(topo)
 	s.metrics = newMetrics(reg, &s.topo)
@@ -95,12 +96,12 @@ func requireToken(want [32]byte, next http.Handler) http.Handler {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
 // Topology returns the topology requests are routed with now.
-func (s *Server) Topology() *Topology { return s.topo.Load() }
+func (s *Server) Topology() *topology.Topology { return s.topo.Load() }
 
 // holdTopology returns the current topology, held: its pools stay open until release.
-func (s *Server) holdTopology() *Topology {
+func (s *Server) holdTopology() *topology.Topology {
 	for {
-		if t := s.topo.Load(); t.hold() {
+		if t := s.topo.Load(); t.Hold() {
 			return t
 		}
 	}
@@ -108,7 +109,7 @@ func (s *Server) holdTopology() *Topology {
 
 // SetTopology swaps in t for new requests and returns the previous one, which requests already
 // routed keep using until they finish.
-func (s *Server) SetTopology(t *Topology) *Topology { return s.topo.Swap(t) }
+func (s *Server) SetTopology(t *topology.Topology) *topology.Topology { return s.topo.Swap(t) }
 
 var _ http.Handler = (*Server)(nil)
 
@@ -247,14 +248,14 @@ func (s *Server) postTransfer(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.ShardPool.RequestTimeout)
 	defer cancel()
 	topo := s.holdTopology()
-	defer topo.release()
+	defer topo.Release()
 	shard, res, err := s.transferOn(ctx, topo, req)
 	if err == nil && res.Outcome == idem.NotOwner && res.ShardMapVersion > topo.Map.Version {
 		// This router's map is older than the shard's: reload, and route once more on the new map.
 		// The shard's ownership check is what keeps a stale router from applying anywhere.
 		if s.reloadAtLeast(res.ShardMapVersion) {
 			topo = s.holdTopology()
-			defer topo.release()
+			defer topo.Release()
 			shard, res, err = s.transferOn(ctx, topo, req)
 		}
 	}
@@ -262,15 +263,15 @@ func (s *Server) postTransfer(w http.ResponseWriter, r *http.Request) {
 }
 
 // transferOn runs req on the shard that owns it in topo and records the shard's latency.
-func (s *Server) transferOn(ctx context.Context, topo *Topology, req idem.TransferRequest) (string, idem.TransferResult, error) {
+func (s *Server) transferOn(ctx context.Context, topo *topology.Topology, req idem.TransferRequest) (string, idem.TransferResult, error) {
 	shard, _ := topo.Map.ShardFor(req.KeyspaceID)
-	conn := topo.shards[shard.Name]
-	if err := conn.enter(); err != nil {
+	conn := topo.Shard(shard.Name)
+	if err := conn.Enter(); err != nil {
 		return shard.Name, idem.TransferResult{}, err
 	}
-	defer conn.leave()
+	defer conn.Leave()
 	start := time.Now()
-	res, err := idem.Transfer(ctx, conn.pool, req)
+	res, err := idem.Transfer(ctx, conn.Pool, req)
 	outcome := string(res.Outcome)
 	if err != nil {
 		outcome = "error"
@@ -323,7 +324,7 @@ func (s *Server) answer(w http.ResponseWriter, shard string, version int64, res 
 // (it may even have committed just before a connection broke), so the answer is always a
 // retryable 503: a retry with the same key then replays or applies exactly once.
 func (s *Server) shardFailure(w http.ResponseWriter, shard string, err error) string {
-	if errors.Is(err, errShardBusy) {
+	if errors.Is(err, topology.ErrShardBusy) {
 		writeProblem(w, probShardBusy, "retry with the same Idempotency-Key", s.cfg.ShardPool.RetryAfter)
 		return outShardBusy
 	}
@@ -389,17 +390,17 @@ func (s *Server) getTransfer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	topo := s.holdTopology()
-	defer topo.release()
+	defer topo.Release()
 	shard, _ := topo.Map.ShardFor(ksid)
-	conn := topo.shards[shard.Name]
-	if err := conn.enter(); err != nil {
+	conn := topo.Shard(shard.Name)
+	if err := conn.Enter(); err != nil {
 		writeProblem(w, probShardBusy, "", s.cfg.ShardPool.RetryAfter)
 		return
 	}
-	defer conn.leave()
+	defer conn.Leave()
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ShardPool.RequestTimeout)
 	defer cancel()
-	t, err := idem.GetTransfer(ctx, conn.pool, id, client)
+	t, err := idem.GetTransfer(ctx, conn.Pool, id, client)
 	switch {
 	case errors.Is(err, idem.ErrNotFound):
 		writeProblem(w, probNotFound, "", 0)
@@ -418,7 +419,7 @@ func (s *Server) getTransfer(w http.ResponseWriter, r *http.Request) {
 // shard's own requests get 503 anyway).
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	topo := s.holdTopology()
-	defer topo.release()
+	defer topo.Release()
 	ctx, cancel := context.WithTimeout(r.Context(), time.Second)
 	defer cancel()
 	status := make(map[string]string, len(topo.Map.Shards))

@@ -14,8 +14,8 @@ import (
 	"syscall"
 
 	"github.com/shardgate/shardgate/config"
-	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardmap"
+	"github.com/shardgate/shardgate/topology"
 )
 
 const usage = `usage: router <command> [flags]
@@ -52,7 +52,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "shardmap":
 		if len(rest) > 0 && rest[0] == "apply" {
 			err = withConfig("shardmap apply", rest[1:], func(cfg *config.Config, m *shardmap.Map, _ *flag.FlagSet) error {
-				topo, err := openTopology(cfg, m)
+				topo, err := topology.OpenForCommand(m, cfg.ShardPool)
 				if err != nil {
 					return err
 				}
@@ -129,13 +129,4 @@ func loadConfig(path string) (*config.Config, *shardmap.Map, error) {
 		return nil, nil, err
 	}
 	return cfg, m, nil
-}
-
-// openTopology opens pools for every shard of m, for commands that work on all shards
-// (migrate, maintain, shardmap apply). Each pool has at least 4 connections whatever serve's
-// max_conns: ApplyMap holds one per shard for its lock while it copies over others.
-func openTopology(cfg *config.Config, m *shardmap.Map) (*router.Topology, error) {
-	sp := cfg.ShardPool
-	sp.MaxConns = max(sp.MaxConns, 4)
-	return router.OpenTopology(m, nil, sp)
 }

@@ -11,12 +11,13 @@ import (
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/shardmap"
+	"github.com/shardgate/shardgate/topology"
 )
 
 // migrate applies schema migrations and partition upkeep on every shard, then makes the shards
 // own the key ranges of m (revoke everywhere, then grant everywhere).
 func migrate(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Writer) error {
-	topo, err := openTopology(cfg, m)
+	topo, err := topology.OpenForCommand(m, cfg.ShardPool)
 	if err != nil {
 		return err
 	}
@@ -58,7 +59,7 @@ func applyMap(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool fun
 
 // maintainOnce runs one pass of partition upkeep on every shard.
 func maintainOnce(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Writer) error {
-	topo, err := openTopology(cfg, m)
+	topo, err := topology.OpenForCommand(m, cfg.ShardPool)
 	if err != nil {
 		return err
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardmap"
+	"github.com/shardgate/shardgate/topology"
 )
 
 // mapPollInterval is how often serve looks at the shard map file. A variable so that a test can
@@ -55,7 +56,7 @@ func serveOn(ctx context.Context, ln net.Listener, cfg *config.Config, m *shardm
 	if cfg.Admin.Listen == "" && cfg.Admin.TokenSHA256 == nil {
 		log.Warn("/metrics and /admin/* are served without credentials on the API listener; set admin.listen or admin.token_sha256 to protect them")
 	}
-	topo, err := router.OpenTopology(m, nil, cfg.ShardPool)
+	topo, err := topology.Open(m, nil, cfg.ShardPool)
 	if err != nil {
 		ln.Close()
 		return err

@@ -93,3 +93,22 @@ func TestSetting(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckNeverQuotesPassword covers DSNs that pass the syntax check but that pgx refuses: pgx
+// quotes the DSN in its error, and its redaction misses libpq spellings such as blanks around
+// '=' or an escaped quote.
+func TestCheckNeverQuotesPassword(t *testing.T) {
+	for _, dsn := range []string{
+		`host=h password = s3cr3t port=notaport`,
+		`host=h password='s3 cr3t' port=notaport`,
+		`host=h password = 's3\'cr3t' sslmode=sometimes`,
+		`postgres://u:s3cr3t@h:5432/db?sslmode=sometimes`,
+	} {
+		err := Check(dsn)
+		if err == nil {
+			t.Errorf("Check(%q) accepted it", dsn)
+		} else if msg := err.Error(); strings.Contains(msg, "s3") || strings.Contains(msg, "cr3t") {
+			t.Errorf("Check(%q) = %q leaks the password", dsn, msg)
+		}
+	}
+}

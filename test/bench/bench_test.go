@@ -45,6 +45,7 @@ import (
 	"github.com/shardgate/shardgate/internal/localpg"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardmap"
+	"github.com/shardgate/shardgate/topology"
 )
 
 var (
@@ -373,7 +374,7 @@ func setup(ctx context.Context, b *testing.B, s settings) *fixture {
 	if _, err := idem.ApplyMap(ctx, m, func(string) *pgxpool.Pool { return f.admin }, idem.Daily); err != nil {
 		b.Fatal(err)
 	}
-	topo, err := router.OpenTopology(m, nil, cfg.ShardPool)
+	topo, err := topology.Open(m, nil, cfg.ShardPool)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/shardgate/shardgate/internal/localpg"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardmap"
+	"github.com/shardgate/shardgate/topology"
 )
 
 // numShards is how many PostgreSQL shards the suite runs against.
@@ -129,7 +130,7 @@ func setup(m *testing.M) (int, error) {
 	if env.m, err = shardmap.Load(env.mapPath); err != nil {
 		return 0, err
 	}
-	topo, err := router.OpenTopology(env.m, nil, env.cfg.ShardPool)
+	topo, err := topology.Open(env.m, nil, env.cfg.ShardPool)
 	if err != nil {
 		return 0, err
 	}
@@ -264,7 +265,7 @@ func newRouter(t testing.TB, mapPath string, adjust ...func(*config.Config)) (*r
 	if err != nil {
 		t.Fatal(err)
 	}
-	topo, err := router.OpenTopology(m, nil, cfg.ShardPool)
+	topo, err := topology.Open(m, nil, cfg.ShardPool)
 	if err != nil {
 		t.Fatal(err)
 	}
