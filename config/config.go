@@ -16,7 +16,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/partition"
 )
 
 // Config is a validated router.yaml. Only Parse and Load make one; defaults live in Parse.
@@ -54,7 +54,7 @@ type Admin struct {
 // Idempotency is how long keys live and how their table is partitioned.
 type Idempotency struct {
 	Retention            time.Duration // keys are kept at least this long
-	PartitionInterval    idem.Interval
+	PartitionInterval    partition.Interval
 	PartitionsAhead      int           // future partitions kept ready by upkeep
 	ReplayWindow         time.Duration // the slowest retry path operated; Retention >= 2x this
 	InProgressRetryAfter time.Duration // Retry-After on 409
@@ -217,9 +217,9 @@ func Parse(path string, data []byte) (*Config, error) {
 
 	switch iv := deref(f.Idempotency.PartitionInterval, "24h"); iv {
 	case "24h", "daily":
-		c.Idempotency.PartitionInterval = idem.Daily
+		c.Idempotency.PartitionInterval = partition.Daily
 	case "monthly":
-		c.Idempotency.PartitionInterval = idem.Monthly
+		c.Idempotency.PartitionInterval = partition.Monthly
 	default:
 		bad("idempotency.partition_interval: %q is not supported; use 24h (daily partitions idempotency_record_YYYY_MM_DD) or monthly (idempotency_record_YYYY_MM)", iv)
 	}

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/partition"
 )
 
 const validYAML = `listen: 127.0.0.1:8080
@@ -31,7 +31,7 @@ func TestParseValid(t *testing.T) {
 	if c.ShardmapPath != filepath.FromSlash("/etc/shardgate/shardmap.yaml") {
 		t.Errorf("shardmap path %q is not relative to router.yaml", c.ShardmapPath)
 	}
-	if c.Idempotency.Retention != 720*time.Hour || c.Idempotency.PartitionInterval != idem.Daily ||
+	if c.Idempotency.Retention != 720*time.Hour || c.Idempotency.PartitionInterval != partition.Daily ||
 		c.Idempotency.InProgressRetryAfter != time.Second || c.Transfers.DefaultCurrency != "EUR" {
 		t.Errorf("unexpected values: %+v", c)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/shardmap"
 )
 
@@ -322,7 +323,7 @@ type MoveReport struct {
 //
 // A shard missing from m is not touched: remove a shard only after a map without its ranges
 // has been applied.
-func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpool.Pool, iv Interval) ([]MoveReport, error) {
+func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpool.Pool, iv partition.Interval) ([]MoveReport, error) {
 	unlock, err := takeApplyLocks(ctx, m, pool)
 	if err != nil {
 		return nil, err
@@ -574,7 +575,7 @@ const (
 // Each transaction also lists r on dst as a copied range, so rows copied by an apply that never
 // reaches its grant are deleted when a later apply settles, instead of being left behind; a
 // copied range is not held, so it cannot stand in for the shard the rows were copied from.
-func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, iv Interval, mv *MoveReport) error {
+func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, iv partition.Interval, mv *MoveReport) error {
 	lo, hi := bounds(r)
 	var oldest, newest *time.Time
 	if err := src.QueryRow(ctx, "SELECT min(created_at), max(created_at) FROM idempotency_record WHERE "+inRange, lo, hi).Scan(&oldest, &newest); err != nil {
@@ -582,7 +583,7 @@ func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange,
 	}
 	if oldest != nil {
 		n := 0
-		for p := PartitionAt(iv, *oldest); p.To.Before(*newest) || p.To.Equal(*newest); p = PartitionAt(iv, p.To) {
+		for p := partition.At(iv, *oldest); p.To.Before(*newest) || p.To.Equal(*newest); p = partition.At(iv, p.To) {
 			n++
 		}
 		if _, err := EnsurePartitions(ctx, dst, iv, *oldest, n); err != nil {

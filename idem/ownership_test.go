@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/shardmap"
 )
 
@@ -24,7 +25,7 @@ func newCluster(t *testing.T, names ...string) *cluster {
 	c := &cluster{t: t, pools: map[string]*pgxpool.Pool{}}
 	for _, n := range names {
 		c.pools[n] = migratedDB(t, n+"_")
-		if _, err := EnsurePartitions(context.Background(), c.pools[n], Daily, time.Now(), 1); err != nil {
+		if _, err := EnsurePartitions(context.Background(), c.pools[n], partition.Daily, time.Now(), 1); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -57,7 +58,7 @@ func (c *cluster) mapOf(v int64, owners string) *shardmap.Map {
 }
 
 func (c *cluster) apply(m *shardmap.Map) ([]MoveReport, error) {
-	return ApplyMap(context.Background(), m, c.pool, Daily)
+	return ApplyMap(context.Background(), m, c.pool, partition.Daily)
 }
 
 func (c *cluster) mustApply(m *shardmap.Map) []MoveReport {
@@ -159,7 +160,7 @@ func (c *cluster) grantedNotSettled(m *shardmap.Map, r, from, to string) {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	if err := copyRange(context.Background(), c.pool(from), c.pool(to), kr, Daily, &MoveReport{}); err != nil {
+	if err := copyRange(context.Background(), c.pool(from), c.pool(to), kr, partition.Daily, &MoveReport{}); err != nil {
 		c.t.Fatal(err)
 	}
 	c.phase(m, Grant, names...)
@@ -209,7 +210,7 @@ func TestStoppedApplyMustFinishFirst(t *testing.T) {
 	v2 := func(c *cluster) *shardmap.Map { return c.mapOf(2, "sa=80- sb=-80 sc=") }
 	copyLow := func(t *testing.T, c *cluster) {
 		mv := MoveReport{}
-		if err := copyRange(ctx, c.pool("sa"), c.pool("sb"), low, Daily, &mv); err != nil || mv.Records != 1 {
+		if err := copyRange(ctx, c.pool("sa"), c.pool("sb"), low, partition.Daily, &mv); err != nil || mv.Records != 1 {
 			t.Fatalf("copy: %v, %d records", err, mv.Records)
 		}
 	}
@@ -318,7 +319,7 @@ func TestDrainStoppedBeforeItsGrant(t *testing.T) {
 			v2 := c.mapOf(2, "sa=80- sb=-80 sx=")
 			c.revoke(v2, "sa", "sb", "sx")
 			low, _ := shardmap.ParseKeyRange("-80")
-			if err := copyRange(ctx, c.pool("sx"), c.pool("sb"), low, Daily, &MoveReport{}); err != nil {
+			if err := copyRange(ctx, c.pool("sx"), c.pool("sb"), low, partition.Daily, &MoveReport{}); err != nil {
 				t.Fatal(err)
 			}
 			c.phase(v2, Grant, "sa", "sb") // stops before sx
@@ -350,7 +351,7 @@ func TestStoppedCopyDestinationIsNotANewCluster(t *testing.T) {
 	v2 := c.mapOf(2, "sa= sn=-")
 	c.revoke(v2, "sa", "sn")
 	all, _ := shardmap.ParseKeyRange("-")
-	if err := copyRange(ctx, c.pool("sa"), c.pool("sn"), all, Daily, &MoveReport{}); err != nil {
+	if err := copyRange(ctx, c.pool("sa"), c.pool("sn"), all, partition.Daily, &MoveReport{}); err != nil {
 		t.Fatal(err)
 	}
 	c.phase(v2, Grant, "sa") // stops before sn
@@ -448,7 +449,7 @@ func TestCopyTakesKeyLocks(t *testing.T) {
 	low, _ := shardmap.ParseKeyRange("-80")
 	done := make(chan error, 1)
 	mv := MoveReport{}
-	go func() { done <- copyRange(ctx, c.pool("sa"), c.pool("sb"), low, Daily, &mv) }()
+	go func() { done <- copyRange(ctx, c.pool("sa"), c.pool("sb"), low, partition.Daily, &mv) }()
 	select {
 	case err := <-done:
 		t.Fatalf("the copy finished (%v) while the key's transfer held its lock", err)

@@ -9,46 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shardgate/shardgate/partition"
 )
-
-// Interval is how much time one idempotency_record partition covers.
-type Interval int
-
-// The partition intervals SPEC names: partitions idempotency_record_YYYY_MM_DD or _YYYY_MM.
-const (
-	Daily Interval = iota + 1
-	Monthly
-)
-
-// String returns "daily" or "monthly".
-func (iv Interval) String() string {
-	switch iv {
-	case Daily:
-		return "daily"
-	case Monthly:
-		return "monthly"
-	}
-	return fmt.Sprintf("Interval(%d)", int(iv))
-}
-
-// Partition is one idempotency_record partition and the time range [From, To) it holds, in UTC.
-type Partition struct {
-	Name     string
-	From, To time.Time
-}
-
-// PartitionAt returns the partition of interval iv that holds time t.
-func PartitionAt(iv Interval, t time.Time) Partition {
-	t = t.UTC()
-	switch iv {
-	case Monthly:
-		from := time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
-		return Partition{Name: from.Format("idempotency_record_2006_01"), From: from, To: from.AddDate(0, 1, 0)}
-	default:
-		from := time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
-		return Partition{Name: from.Format("idempotency_record_2006_01_02"), From: from, To: from.AddDate(0, 0, 1)}
-	}
-}
 
 // EnsurePartitions makes sure the partitions holding now and the next ahead intervals are
 // attached, each with its unique (scope, key) index, and returns the names of those it created
@@ -62,7 +25,7 @@ func PartitionAt(iv Interval, t time.Time) Partition {
 // A table that already bears a needed partition's name but is not attached (detached by hand,
 // say) is attached again rather than replaced: the keys it holds are younger than any retention
 // and must go on blocking duplicates.
-func EnsurePartitions(ctx context.Context, pool *pgxpool.Pool, iv Interval, now time.Time, ahead int) ([]string, error) {
+func EnsurePartitions(ctx context.Context, pool *pgxpool.Pool, iv partition.Interval, now time.Time, ahead int) ([]string, error) {
 	created, reattached, err := ensurePartitions(ctx, pool, iv, now, ahead)
 	if err != nil {
 		return nil, err
@@ -78,7 +41,7 @@ type txStarter interface {
 }
 
 // ensurePartitions is EnsurePartitions on db; it reports created and re-attached partitions apart.
-func ensurePartitions(ctx context.Context, db txStarter, iv Interval, now time.Time, ahead int) (created, reattached []string, err error) {
+func ensurePartitions(ctx context.Context, db txStarter, iv partition.Interval, now time.Time, ahead int) (created, reattached []string, err error) {
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		created, reattached = nil, nil
 		// Re-entrant: Upkeep already holds this lock as a session lock on the same connection.
@@ -91,7 +54,7 @@ func ensurePartitions(ctx context.Context, db txStarter, iv Interval, now time.T
 		}
 		t := now
 		for i := 0; i <= ahead; i++ {
-			p := PartitionAt(iv, t)
+			p := partition.At(iv, t)
 			t = p.To
 			if existing[p.Name] {
 				continue
@@ -137,7 +100,7 @@ func attachedPartitions(ctx context.Context, tx pgx.Tx) (map[string]bool, error)
 	return set, nil
 }
 
-func createPartition(ctx context.Context, tx pgx.Tx, p Partition) error {
+func createPartition(ctx context.Context, tx pgx.Tx, p partition.Partition) error {
 	name := pgx.Identifier{p.Name}.Sanitize()
 	from, to := p.From.Format(time.RFC3339), p.To.Format(time.RFC3339)
 	stmts := []string{
@@ -181,7 +144,7 @@ func detachedTable(ctx context.Context, tx pgx.Tx, name string) (uint32, error) 
 // reattachPartition attaches the existing table oid as partition p, first giving it the unique
 // (scope, key) index every partition has if it lacks one. ATTACH checks that the table's columns
 // match and that every row lies within p.
-func reattachPartition(ctx context.Context, tx pgx.Tx, p Partition, oid uint32) error {
+func reattachPartition(ctx context.Context, tx pgx.Tx, p partition.Partition, oid uint32) error {
 	var hasUnique bool
 	if err := tx.QueryRow(ctx, `SELECT EXISTS (
 		SELECT 1 FROM pg_index i

@@ -4,18 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shardgate/shardgate/partition"
 )
 
 // UpkeepOptions configures one pass of Upkeep.
 type UpkeepOptions struct {
-	Interval Interval // Daily or Monthly
-	Ahead    int      // partitions kept ready beyond the one holding Now
+	Interval partition.Interval // partition.Daily or partition.Monthly
+	Ahead    int                // partitions kept ready beyond the one holding Now
 	// Retention is how long keys are kept: a partition is dropped only once its whole range
 	// ends at or before Now - Retention. It must be positive.
 	Retention time.Duration
@@ -47,9 +48,9 @@ type UpkeepReport struct {
 // PartitionState is a shard's idempotency_record partitions as read at ReadAt.
 type PartitionState struct {
 	ReadAt     time.Time
-	Partitions []Partition // attached, oldest first; partitions whose bounds are not one finite range are left out
-	Rows       int64       // estimated, from pg_class.reltuples of the partitions
-	Bytes      int64       // pg_total_relation_size summed over the partitions
+	Partitions []partition.Partition // attached, oldest first; partitions whose bounds are not one finite range are left out
+	Rows       int64                 // estimated, from pg_class.reltuples of the partitions
+	Bytes      int64                 // pg_total_relation_size summed over the partitions
 }
 
 // dropMarker is the comment Upkeep puts on an expired partition before it detaches it. A table
@@ -147,8 +148,8 @@ func Upkeep(ctx context.Context, pool *pgxpool.Pool, o UpkeepOptions) (UpkeepRep
 
 func (o UpkeepOptions) validate() error {
 	switch {
-	case o.Interval != Daily && o.Interval != Monthly:
-		return fmt.Errorf("upkeep: %v is not a partition interval (Daily or Monthly)", o.Interval)
+	case o.Interval != partition.Daily && o.Interval != partition.Monthly:
+		return fmt.Errorf("upkeep: %v is not a partition interval (partition.Daily or partition.Monthly)", o.Interval)
 	case o.Ahead < 0:
 		return fmt.Errorf("upkeep: Ahead is %d; it counts future partitions and cannot be negative", o.Ahead)
 	case o.Retention <= 0:
@@ -273,7 +274,7 @@ func (u *upkeeper) dropLeftovers(ctx context.Context) error {
 		return err
 	}
 	for _, t := range left {
-		if p, ok := parsePartitionName(t.Name); !ok || p.To.After(u.cutoff) {
+		if p, ok := partition.ParseName(t.Name); !ok || p.To.After(u.cutoff) {
 			continue
 		}
 		if err := u.exec(ctx, "DROP TABLE %s", t); err != nil {
@@ -294,7 +295,7 @@ func (u *upkeeper) exec(ctx context.Context, format string, t catalogPartition) 
 // catalogPartition is one partition of idempotency_record as the catalog describes it. From
 // and To are set only when its bounds are one finite range.
 type catalogPartition struct {
-	Partition
+	partition.Partition
 	schema    string
 	bounded   bool
 	isDefault bool
@@ -328,42 +329,12 @@ func listPartitions(ctx context.Context, conn *pgx.Conn) ([]catalogPartition, er
 		q := p
 		if from.Valid && to.Valid && from.InfinityModifier == pgtype.Finite && to.InfinityModifier == pgtype.Finite {
 			q.bounded, q.From, q.To = true, from.Time.UTC(), to.Time.UTC()
-			q.ours = sameSchema && followsScheme(q.Partition)
+			q.ours = sameSchema && partition.FollowsScheme(q.Partition)
 		}
 		out = append(out, q)
 		return nil
 	})
 	return out, err
-}
-
-// followsScheme reports whether p's name and bounds are exactly those PartitionAt gives for
-// some interval: a daily partition named for its day, or a monthly one named for its month.
-func followsScheme(p Partition) bool {
-	for _, iv := range []Interval{Daily, Monthly} {
-		if q := PartitionAt(iv, p.From); q.Name == p.Name && q.From.Equal(p.From) && q.To.Equal(p.To) {
-			return true
-		}
-	}
-	return false
-}
-
-// parsePartitionName returns the partition a name of our scheme stands for.
-func parsePartitionName(name string) (Partition, bool) {
-	date, ok := strings.CutPrefix(name, "idempotency_record_")
-	if !ok {
-		return Partition{}, false
-	}
-	for _, f := range []struct {
-		iv     Interval
-		layout string
-	}{{Daily, "2006_01_02"}, {Monthly, "2006_01"}} {
-		if t, err := time.Parse(f.layout, date); err == nil {
-			if p := PartitionAt(f.iv, t); p.Name == name {
-				return p, true
-			}
-		}
-	}
-	return Partition{}, false
 }
 
 // readPartitionState reads the attached partitions with their estimated rows and total size.

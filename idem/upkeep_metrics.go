@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardgate/shardgate/partition"
 )
 
 // UpkeepCollector exports, per shard, what the last passes of Upkeep found: the metrics that
@@ -14,7 +16,7 @@ import (
 // exports its own view; alert rules aggregate over routers (max of the last success, min of
 // the oldest partition's age).
 type UpkeepCollector struct {
-	interval  Interval
+	interval  partition.Interval
 	retention time.Duration
 	now       func() time.Time // the scrape's clock; a variable for tests
 
@@ -55,7 +57,7 @@ var (
 
 // NewUpkeepCollector returns a collector for routers configured with partition interval iv and
 // key retention; both are exported too, so alert rules need not repeat router.yaml.
-func NewUpkeepCollector(iv Interval, retention time.Duration) *UpkeepCollector {
+func NewUpkeepCollector(iv partition.Interval, retention time.Duration) *UpkeepCollector {
 	return &UpkeepCollector{interval: iv, retention: retention, now: time.Now, shards: map[string]*upkeepSeen{}}
 }
 
@@ -105,7 +107,7 @@ func (c *UpkeepCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *UpkeepCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(upkeepRetention, prometheus.GaugeValue, c.retention.Seconds())
-	ch <- prometheus.MustNewConstMetric(upkeepInterval, prometheus.GaugeValue, c.interval.longest().Seconds())
+	ch <- prometheus.MustNewConstMetric(upkeepInterval, prometheus.GaugeValue, c.interval.Longest().Seconds())
 	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -132,12 +134,4 @@ func (c *UpkeepCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(upkeepRows, prometheus.GaugeValue, float64(s.state.Rows), shard)
 		ch <- prometheus.MustNewConstMetric(upkeepBytes, prometheus.GaugeValue, float64(s.state.Bytes), shard)
 	}
-}
-
-// longest is the most time one partition of interval iv covers.
-func (iv Interval) longest() time.Duration {
-	if iv == Monthly {
-		return 31 * 24 * time.Hour
-	}
-	return 24 * time.Hour
 }

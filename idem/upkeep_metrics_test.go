@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardgate/shardgate/partition"
 )
 
 // gather returns every sample of c as name → shard → value.
@@ -37,11 +39,11 @@ func gather(t *testing.T, c prometheus.Collector) map[string]map[string]float64 
 
 func TestUpkeepCollector(t *testing.T) {
 	now := time.Date(2026, 3, 15, 12, 0, 0, 0, time.UTC)
-	c := NewUpkeepCollector(Daily, month)
+	c := NewUpkeepCollector(partition.Daily, month)
 	c.now = func() time.Time { return now }
 	state := PartitionState{ReadAt: now, Rows: 1200, Bytes: 65536}
 	for _, at := range []time.Time{now.Add(-31 * 24 * time.Hour), now, now.Add(24 * time.Hour), now.Add(48 * time.Hour)} {
-		state.Partitions = append(state.Partitions, PartitionAt(Daily, at))
+		state.Partitions = append(state.Partitions, partition.At(partition.Daily, at))
 	}
 	c.Record("shard-a", UpkeepReport{State: state}, nil)
 	c.Record("shard-b", UpkeepReport{}, errors.New("connection refused"))

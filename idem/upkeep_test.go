@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shardgate/shardgate/partition"
 )
 
 const month = 30 * 24 * time.Hour
@@ -61,7 +63,7 @@ func tables(t *testing.T, pool *pgxpool.Pool) (attached, plain []string) {
 
 func dailyNames(from time.Time, n int) []string {
 	var names []string
-	for p, i := PartitionAt(Daily, from), 0; i < n; p, i = PartitionAt(Daily, p.To), i+1 {
+	for p, i := partition.At(partition.Daily, from), 0; i < n; p, i = partition.At(partition.Daily, p.To), i+1 {
 		names = append(names, p.Name)
 	}
 	return names
@@ -91,7 +93,7 @@ func TestUpkeepDropsOnlyExpiredPartitions(t *testing.T) {
 	pool := scratchDB(t)
 	ctx := context.Background()
 	// Feb 8 .. Feb 15; with a month of retention from Mar 15 00:00 the cutoff is Feb 13 00:00.
-	if _, err := EnsurePartitions(ctx, pool, Daily, time.Date(2026, 2, 8, 12, 0, 0, 0, time.UTC), 7); err != nil {
+	if _, err := EnsurePartitions(ctx, pool, partition.Daily, time.Date(2026, 2, 8, 12, 0, 0, 0, time.UTC), 7); err != nil {
 		t.Fatal(err)
 	}
 	for _, sql := range []string{
@@ -119,7 +121,7 @@ func TestUpkeepDropsOnlyExpiredPartitions(t *testing.T) {
 	}
 
 	// One nanosecond before Feb 12's partition is wholly expired.
-	rep := mustUpkeep(t, pool, UpkeepOptions{Interval: Daily, Ahead: 2, Retention: month, Now: fixedNow.Add(-time.Nanosecond)})
+	rep := mustUpkeep(t, pool, UpkeepOptions{Interval: partition.Daily, Ahead: 2, Retention: month, Now: fixedNow.Add(-time.Nanosecond)})
 	wantDropped := []string{"idempotency_record_2000_03", "idempotency_record_2000_06_01",
 		"idempotency_record_2026_02_08", "idempotency_record_2026_02_09", "idempotency_record_2026_02_10", "idempotency_record_2026_02_11"}
 	if got := sorted(rep.Dropped); !slices.Equal(got, wantDropped) {
@@ -130,7 +132,7 @@ func TestUpkeepDropsOnlyExpiredPartitions(t *testing.T) {
 	}
 
 	// At exactly the cutoff, Feb 12's partition ends at Now - Retention: expired.
-	rep = mustUpkeep(t, pool, UpkeepOptions{Interval: Daily, Ahead: 2, Retention: month, Now: fixedNow})
+	rep = mustUpkeep(t, pool, UpkeepOptions{Interval: partition.Daily, Ahead: 2, Retention: month, Now: fixedNow})
 	if want := []string{"idempotency_record_2026_02_12"}; !slices.Equal(rep.Dropped, want) {
 		t.Errorf("at the cutoff: dropped %v, want %v", rep.Dropped, want)
 	}
@@ -215,12 +217,12 @@ func detachPending(t *testing.T, pool *pgxpool.Pool, name string) bool {
 func TestUpkeepFinishesInterruptedDetach(t *testing.T) {
 	pool := scratchDB(t)
 	ctx := context.Background()
-	opts := UpkeepOptions{Interval: Daily, Ahead: 1, Retention: month, Now: fixedNow, LockTimeout: 200 * time.Millisecond}
-	expired := PartitionAt(Daily, fixedNow.Add(-2*month)).Name
-	young := PartitionAt(Daily, fixedNow.Add(-5*24*time.Hour)).Name
-	current := PartitionAt(Daily, fixedNow).Name
+	opts := UpkeepOptions{Interval: partition.Daily, Ahead: 1, Retention: month, Now: fixedNow, LockTimeout: 200 * time.Millisecond}
+	expired := partition.At(partition.Daily, fixedNow.Add(-2*month)).Name
+	young := partition.At(partition.Daily, fixedNow.Add(-5*24*time.Hour)).Name
+	current := partition.At(partition.Daily, fixedNow).Name
 	for _, at := range []time.Time{fixedNow.Add(-2 * month), fixedNow.Add(-5 * 24 * time.Hour)} {
-		if _, err := EnsurePartitions(ctx, pool, Daily, at, 0); err != nil {
+		if _, err := EnsurePartitions(ctx, pool, partition.Daily, at, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -325,7 +327,7 @@ func transferOutcome(t *testing.T, pool *pgxpool.Pool, r TransferRequest, want O
 func TestMissingPartitionFailsClosed(t *testing.T) {
 	pool := scratchDB(t)
 	ctx := context.Background()
-	opts := UpkeepOptions{Interval: Daily, Ahead: 1, Retention: month}
+	opts := UpkeepOptions{Interval: partition.Daily, Ahead: 1, Retention: month}
 	mustUpkeep(t, pool, opts)
 	first := testTransfer("first", 10)
 	transferOutcome(t, pool, first, Applied)
@@ -385,7 +387,7 @@ func TestMissingPartitionFailsClosed(t *testing.T) {
 func TestUpkeepRefusesDefaultPartition(t *testing.T) {
 	pool := scratchDB(t)
 	mustExec(t, pool, "CREATE TABLE idempotency_record_default PARTITION OF idempotency_record DEFAULT")
-	_, err := Upkeep(context.Background(), pool, UpkeepOptions{Interval: Daily, Ahead: 1, Retention: month, Now: fixedNow})
+	_, err := Upkeep(context.Background(), pool, UpkeepOptions{Interval: partition.Daily, Ahead: 1, Retention: month, Now: fixedNow})
 	if err == nil || !strings.Contains(err.Error(), "DEFAULT partition") {
 		t.Fatalf("upkeep: %v, want a refusal naming the DEFAULT partition", err)
 	}
@@ -399,8 +401,8 @@ func TestUpkeepRefusesDefaultPartition(t *testing.T) {
 func TestRetryAcrossPartitionBoundaryReplays(t *testing.T) {
 	pool := scratchDB(t)
 	ctx := context.Background()
-	mustUpkeep(t, pool, UpkeepOptions{Interval: Daily, Ahead: 1, Retention: month})
-	if _, err := EnsurePartitions(ctx, pool, Daily, time.Now().Add(-24*time.Hour), 0); err != nil {
+	mustUpkeep(t, pool, UpkeepOptions{Interval: partition.Daily, Ahead: 1, Retention: month})
+	if _, err := EnsurePartitions(ctx, pool, partition.Daily, time.Now().Add(-24*time.Hour), 0); err != nil {
 		t.Fatal(err)
 	}
 	r := testTransfer("boundary", 30)
@@ -410,7 +412,7 @@ func TestRetryAcrossPartitionBoundaryReplays(t *testing.T) {
 		WHERE key = $1 RETURNING created_at`, r.Key).Scan(&at); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := partitionOf(t, pool, r.Key), PartitionAt(Daily, at).Name; got != want || at.UTC().Format("15:04:05.000") != "23:59:59.900" {
+	if got, want := partitionOf(t, pool, r.Key), partition.At(partition.Daily, at).Name; got != want || at.UTC().Format("15:04:05.000") != "23:59:59.900" {
 		t.Fatalf("record at %v in %s, want 23:59:59.900 in %s", at.UTC(), got, want)
 	}
 
@@ -447,11 +449,11 @@ func TestRetryAcrossPartitionBoundaryReplays(t *testing.T) {
 func TestConcurrentUpkeepsAgree(t *testing.T) {
 	pool := scratchDB(t)
 	ctx := context.Background()
-	opts := UpkeepOptions{Interval: Daily, Ahead: 3, Retention: month, Now: fixedNow}
+	opts := UpkeepOptions{Interval: partition.Daily, Ahead: 3, Retention: month, Now: fixedNow}
 	skips := 0
 	for round := range 5 {
 		seedFrom := time.Date(2001, 1, 1+5*round, 0, 0, 0, 0, time.UTC)
-		if _, err := EnsurePartitions(ctx, pool, Daily, seedFrom, 4); err != nil {
+		if _, err := EnsurePartitions(ctx, pool, partition.Daily, seedFrom, 4); err != nil {
 			t.Fatal(err)
 		}
 		var (
@@ -468,7 +470,7 @@ func TestConcurrentUpkeepsAgree(t *testing.T) {
 		}
 		wg.Go(func() {
 			<-start
-			_, errs[2] = EnsurePartitions(ctx, pool, Daily, fixedNow, 3)
+			_, errs[2] = EnsurePartitions(ctx, pool, partition.Daily, fixedNow, 3)
 		})
 		close(start)
 		wg.Wait()
@@ -500,10 +502,10 @@ func TestConcurrentUpkeepsAgree(t *testing.T) {
 func TestUpkeepDuringTransfers(t *testing.T) {
 	pool := scratchDB(t)
 	ctx := context.Background()
-	mustUpkeep(t, pool, UpkeepOptions{Interval: Daily, Ahead: 1, Retention: month})
+	mustUpkeep(t, pool, UpkeepOptions{Interval: partition.Daily, Ahead: 1, Retention: month})
 	seedFrom := time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC)
 	const seeded = 40
-	if _, err := EnsurePartitions(ctx, pool, Daily, seedFrom, seeded-1); err != nil {
+	if _, err := EnsurePartitions(ctx, pool, partition.Daily, seedFrom, seeded-1); err != nil {
 		t.Fatal(err)
 	}
 
@@ -553,7 +555,7 @@ func TestUpkeepDuringTransfers(t *testing.T) {
 	for i := 0; time.Now().Before(deadline) || i < 3; i++ {
 		// Each pass drops one more seeded partition and keeps one more future partition ready.
 		cutoff := seedFrom.AddDate(0, 0, min(i+1, seeded))
-		rep, err := Upkeep(ctx, pool, UpkeepOptions{Interval: Daily, Ahead: 1 + min(i, 30), Retention: time.Since(cutoff)})
+		rep, err := Upkeep(ctx, pool, UpkeepOptions{Interval: partition.Daily, Ahead: 1 + min(i, 30), Retention: time.Since(cutoff)})
 		if err != nil {
 			t.Errorf("upkeep pass %d: %v", i, err)
 			break
@@ -581,47 +583,19 @@ func TestUpkeepDuringTransfers(t *testing.T) {
 }
 
 func TestUpkeepOptionsValidate(t *testing.T) {
-	ok := UpkeepOptions{Interval: Daily, Ahead: 3, Retention: month}
+	ok := UpkeepOptions{Interval: partition.Daily, Ahead: 3, Retention: month}
 	if err := ok.validate(); err != nil {
 		t.Fatal(err)
 	}
 	for name, o := range map[string]UpkeepOptions{
 		"no interval":        {Ahead: 3, Retention: month},
-		"negative ahead":     {Interval: Daily, Ahead: -1, Retention: month},
-		"zero retention":     {Interval: Monthly, Ahead: 1},
-		"negative retention": {Interval: Daily, Ahead: 1, Retention: -time.Hour},
-		"negative timeout":   {Interval: Daily, Ahead: 1, Retention: month, LockTimeout: -time.Second},
+		"negative ahead":     {Interval: partition.Daily, Ahead: -1, Retention: month},
+		"zero retention":     {Interval: partition.Monthly, Ahead: 1},
+		"negative retention": {Interval: partition.Daily, Ahead: 1, Retention: -time.Hour},
+		"negative timeout":   {Interval: partition.Daily, Ahead: 1, Retention: month, LockTimeout: -time.Second},
 	} {
 		if err := o.validate(); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
-	}
-}
-
-func TestPartitionScheme(t *testing.T) {
-	day := time.Date(2026, 2, 28, 0, 0, 0, 0, time.UTC)
-	for _, tc := range []struct {
-		name   string
-		want   Partition
-		parsed bool
-	}{
-		{"idempotency_record_2026_02_28", Partition{"idempotency_record_2026_02_28", day, day.AddDate(0, 0, 1)}, true},
-		{"idempotency_record_2026_02", Partition{"idempotency_record_2026_02", day.AddDate(0, 0, -27), day.AddDate(0, 0, 1)}, true},
-		{"idempotency_record_2026_2_28", Partition{}, false},
-		{"idempotency_record_2026_02_30", Partition{}, false},
-		{"idempotency_record_2026_13", Partition{}, false},
-		{"idempotency_record_archive", Partition{}, false},
-		{"other_2026_02_28", Partition{}, false},
-	} {
-		p, ok := parsePartitionName(tc.name)
-		if ok != tc.parsed || p.Name != tc.want.Name || !p.From.Equal(tc.want.From) || !p.To.Equal(tc.want.To) {
-			t.Errorf("parsePartitionName(%q) = %+v, %t; want %+v, %t", tc.name, p, ok, tc.want, tc.parsed)
-		}
-		if ok && !followsScheme(p) {
-			t.Errorf("followsScheme(%+v) = false", p)
-		}
-	}
-	if followsScheme(Partition{"idempotency_record_2026_02_28", day, day.AddDate(0, 0, 2)}) {
-		t.Error("a two-day range named for one day follows the scheme")
 	}
 }

@@ -215,7 +215,7 @@ func (s *Server) postTransfer(w http.ResponseWriter, r *http.Request) {
 
 	// A UUIDv7 key carries its creation time: one older than retention may have had its record
 	// dropped already, so it is refused rather than risk executing it a second time.
-	if created, ok := idem.KeyTime(key); ok {
+	if created, ok := keyTime(key); ok {
 		now := time.Now()
 		if created.After(now.Add(maxKeyClockSkew)) {
 			reject(probInvalidKey, fmt.Sprintf("the key is a UUIDv7 from the future (%s); generate keys with a correct clock", created.UTC().Format(time.RFC3339)))

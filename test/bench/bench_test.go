@@ -43,6 +43,7 @@ import (
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/internal/localpg"
+	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardmap"
 	"github.com/shardgate/shardgate/topology"
@@ -348,7 +349,7 @@ func setup(ctx context.Context, b *testing.B, s settings) *fixture {
 	if _, err := idem.Migrate(ctx, f.admin); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := idem.EnsurePartitions(ctx, f.admin, idem.Daily, time.Now(), 2); err != nil {
+	if _, err := idem.EnsurePartitions(ctx, f.admin, partition.Daily, time.Now(), 2); err != nil {
 		b.Fatal(err)
 	}
 	mapPath := filepath.Join(dir, "shardmap.yaml")
@@ -371,7 +372,7 @@ func setup(ctx context.Context, b *testing.B, s settings) *fixture {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := idem.ApplyMap(ctx, m, func(string) *pgxpool.Pool { return f.admin }, idem.Daily); err != nil {
+	if _, err := idem.ApplyMap(ctx, m, func(string) *pgxpool.Pool { return f.admin }, partition.Daily); err != nil {
 		b.Fatal(err)
 	}
 	topo, err := topology.Open(m, nil, cfg.ShardPool)

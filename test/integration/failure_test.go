@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/partition"
 )
 
 // Requests refused before work starts get their own problem type and store nothing.
@@ -65,7 +66,7 @@ func TestRecordInOlderPartitionStillReplays(t *testing.T) {
 	shard := shardOf(src)
 	ctx := context.Background()
 	yesterday := time.Now().Add(-24 * time.Hour)
-	if _, err := idem.EnsurePartitions(ctx, env.pools[shard], idem.Daily, yesterday, 0); err != nil {
+	if _, err := idem.EnsurePartitions(ctx, env.pools[shard], partition.Daily, yesterday, 0); err != nil {
 		t.Fatal(err)
 	}
 	key := newKey()
@@ -83,7 +84,7 @@ func TestRecordInOlderPartitionStillReplays(t *testing.T) {
 	if err := env.pools[shard].QueryRow(ctx, "SELECT tableoid::regclass::text FROM idempotency_record WHERE key = $1", key).Scan(&part); err != nil {
 		t.Fatal(err)
 	}
-	if want := idem.PartitionAt(idem.Daily, yesterday).Name; part != want {
+	if want := partition.At(partition.Daily, yesterday).Name; part != want {
 		t.Fatalf("record is in %s, want %s", part, want)
 	}
 	again := post(t, key, body)

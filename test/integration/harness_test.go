@@ -27,6 +27,7 @@ import (
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/internal/localpg"
+	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardmap"
 	"github.com/shardgate/shardgate/topology"
@@ -143,11 +144,11 @@ func setup(m *testing.M) (int, error) {
 		if _, err := idem.Migrate(ctx, env.pools[s.Name]); err != nil {
 			return 0, err
 		}
-		if _, err := idem.EnsurePartitions(ctx, env.pools[s.Name], idem.Daily, time.Now(), 2); err != nil {
+		if _, err := idem.EnsurePartitions(ctx, env.pools[s.Name], partition.Daily, time.Now(), 2); err != nil {
 			return 0, err
 		}
 	}
-	if _, err := idem.ApplyMap(ctx, env.m, func(s string) *pgxpool.Pool { return env.pools[s] }, idem.Daily); err != nil {
+	if _, err := idem.ApplyMap(ctx, env.m, func(s string) *pgxpool.Pool { return env.pools[s] }, partition.Daily); err != nil {
 		return 0, err
 	}
 	var logOut io.Writer = &env.logs

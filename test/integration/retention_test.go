@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/partition"
 )
 
 // retention is the suite's idempotency.retention (routerYAML).
@@ -22,7 +23,7 @@ func TestRetryStraddlingMidnightReplays(t *testing.T) {
 	shard := shardOf(src)
 	ctx := context.Background()
 	pool := env.pools[shard]
-	if _, err := idem.EnsurePartitions(ctx, pool, idem.Daily, time.Now().Add(-24*time.Hour), 0); err != nil {
+	if _, err := idem.EnsurePartitions(ctx, pool, partition.Daily, time.Now().Add(-24*time.Hour), 0); err != nil {
 		t.Fatal(err)
 	}
 	key, body := newKey(), transferBody(src, 7202, 75)
@@ -39,7 +40,7 @@ func TestRetryStraddlingMidnightReplays(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT tableoid::regclass::text FROM idempotency_record WHERE key = $1", key).Scan(&part); err != nil {
 		t.Fatal(err)
 	}
-	if want := idem.PartitionAt(idem.Daily, at).Name; part != want {
+	if want := partition.At(partition.Daily, at).Name; part != want {
 		t.Fatalf("record at %v is in %s, want %s", at.UTC(), part, want)
 	}
 
@@ -69,7 +70,7 @@ func TestMissingPartitionIs503UntilUpkeep(t *testing.T) {
 	shard := shardOf(src)
 	ctx := context.Background()
 	pool := env.pools[shard]
-	opts := idem.UpkeepOptions{Interval: idem.Daily, Ahead: 2, Retention: retention}
+	opts := idem.UpkeepOptions{Interval: partition.Daily, Ahead: 2, Retention: retention}
 	var current string
 	if err := pool.QueryRow(ctx, `SELECT 'idempotency_record_' || to_char(now() AT TIME ZONE 'UTC', 'YYYY_MM_DD')`).Scan(&current); err != nil {
 		t.Fatal(err)
@@ -120,7 +121,7 @@ func TestUpkeepUnderLoadFailsNoTransfer(t *testing.T) {
 	seedFrom := time.Date(2002, 1, 1, 0, 0, 0, 0, time.UTC)
 	const seeded = 30
 	for _, s := range env.m.Shards {
-		if _, err := idem.EnsurePartitions(ctx, env.pools[s.Name], idem.Daily, seedFrom, seeded-1); err != nil {
+		if _, err := idem.EnsurePartitions(ctx, env.pools[s.Name], partition.Daily, seedFrom, seeded-1); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -171,7 +172,7 @@ func TestUpkeepUnderLoadFailsNoTransfer(t *testing.T) {
 				cutoff := seedFrom.AddDate(0, 0, min(i+1, seeded))
 				for _, s := range env.m.Shards {
 					rep, err := idem.Upkeep(ctx, env.pools[s.Name], idem.UpkeepOptions{
-						Interval: idem.Daily, Ahead: 2 + min(i, 8), Retention: time.Since(cutoff)})
+						Interval: partition.Daily, Ahead: 2 + min(i, 8), Retention: time.Since(cutoff)})
 					if err != nil {
 						t.Errorf("upkeep on %s: %v", s.Name, err)
 						return
@@ -207,7 +208,7 @@ func TestUpkeepUnderLoadFailsNoTransfer(t *testing.T) {
 
 	// Leave no seeded partition behind.
 	for _, s := range env.m.Shards {
-		if _, err := idem.Upkeep(ctx, env.pools[s.Name], idem.UpkeepOptions{Interval: idem.Daily, Ahead: 2,
+		if _, err := idem.Upkeep(ctx, env.pools[s.Name], idem.UpkeepOptions{Interval: partition.Daily, Ahead: 2,
 			Retention: time.Since(seedFrom.AddDate(0, 0, seeded))}); err != nil {
 			t.Error(err)
 		}

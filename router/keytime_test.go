@@ -1,4 +1,4 @@
-package idem
+package router
 
 import (
 	"testing"
@@ -35,12 +35,12 @@ func TestKeyTime(t *testing.T) {
 		{"01ARZ3NDEKTSV4RRFFQ69G5FAV", time.Time{}},           // ULID
 		{"", time.Time{}},
 	} {
-		got, ok := KeyTime(tc.key)
+		got, ok := keyTime(tc.key)
 		if ok != !tc.want.IsZero() || !got.Equal(tc.want) {
-			t.Errorf("KeyTime(%q) = %v, %t; want %v, %t", tc.key, got, ok, tc.want, !tc.want.IsZero())
+			t.Errorf("keyTime(%q) = %v, %t; want %v, %t", tc.key, got, ok, tc.want, !tc.want.IsZero())
 		}
 		if ok && got.Location() != time.UTC {
-			t.Errorf("KeyTime(%q) is in %v, want UTC", tc.key, got.Location())
+			t.Errorf("keyTime(%q) is in %v, want UTC", tc.key, got.Location())
 		}
 	}
 }

@@ -1,15 +1,15 @@
-package idem
+package router
 
 import "time"
 
-// KeyTime returns the creation time embedded in an Idempotency-Key that is a UUIDv7 (RFC 9562)
+// keyTime returns the creation time embedded in an Idempotency-Key that is a UUIDv7 (RFC 9562)
 // in canonical form: 8-4-4-4-12 hex digits (either case), version nibble 7, variant bits 10.
 // Its first 48 bits are milliseconds since the Unix epoch. Any other key returns false: its age
 // cannot be known from the key alone.
 //
 // This is how a key older than retention is told apart from a new one even after its record has
 // been dropped: the router answers 422 idempotency-key-expired instead of applying it.
-func KeyTime(key string) (time.Time, bool) {
+func keyTime(key string) (time.Time, bool) {
 	if len(key) != 36 || key[14] != '7' || !isVariantRFC9562(key[19]) {
 		return time.Time{}, false
 	}
