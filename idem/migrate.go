@@ -23,14 +23,23 @@ type Migration struct {
 	SQL     string
 }
 
-// advisory lock ids, (classid, objid) form so they never meet the single-bigint keys that
-// shardgate_transfer takes per idempotency key. 21319 is "SG".
+// Advisory lock ids, in (classid, objid) form so they never meet the single-bigint keys that
+// shardgate_transfer takes per idempotency key. LockClass 21319 is "SG". The migrations name
+// LockClass and LockOwnership too; TestSQLConstantsMatchMigrations holds the two sides together.
 const (
-	lockClass     = 21319
-	lockMigrate   = 0
-	lockOwnership = 1 // also named in migrations/0001_transfers.sql
-	lockUpkeep    = 2
-	lockApply     = 3 // held by ApplyMap on every shard for its whole run
+	LockClass     = 21319
+	LockMigrate   = 0
+	LockOwnership = 1 // taken shared by every transfer, exclusively by ownership changes
+	LockUpkeep    = 2
+	LockApply     = 3 // held by a shard map apply on every shard for its whole run
+)
+
+// Seeds of hashtextextended for the per-key try-locks of shardgate_transfer (and of the copy of
+// moved records): the key lock over scope and key, and the request lock over scope, key and
+// request hash. They are SQL's; named here so that a test can check them.
+const (
+	KeyLockSeed     = 1
+	RequestLockSeed = 2
 )
 
 // Migrations returns the embedded migrations in version order.
@@ -75,11 +84,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 		return nil, err
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1, $2)", lockClass, lockMigrate); err != nil {
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1, $2)", LockClass, LockMigrate); err != nil {
 		return nil, fmt.Errorf("take migration lock: %w", err)
 	}
 	// Unlock on a fresh context: the caller's may be what ended us.
-	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1, $2)", lockClass, lockMigrate) //nolint:errcheck // the session ends with the connection anyway
+	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1, $2)", LockClass, LockMigrate) //nolint:errcheck // the session ends with the connection anyway
 
 	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS shardgate_schema_migrations (
 		version    integer     PRIMARY KEY,

@@ -2,19 +2,13 @@ package idem
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
-	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/shardmap"
 )
 
@@ -24,27 +18,6 @@ var ErrOlderMap = errors.New("shard already follows a newer shard map")
 // ErrChangedMap means a shard follows the map's version already, with other ranges: the map was
 // changed without raising its version.
 var ErrChangedMap = errors.New("shard map changed without a new version")
-
-// sameRanges reports whether a and b hold the same ranges, in any order.
-func sameRanges(a, b []shardmap.KeyRange) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for _, r := range a {
-		if !containsRange(b, r) {
-			return false
-		}
-	}
-	return true
-}
-
-// ErrUnfinishedApply means a shard holds the state of an apply that stopped part-way, of
-// another version than the one being applied.
-var ErrUnfinishedApply = errors.New("an earlier shard map apply is unfinished")
-
-// ErrApplyRunning means another ApplyMap (router migrate or router shardmap apply) holds the
-// apply lock of a shard.
-var ErrApplyRunning = errors.New("another shard map apply is running")
 
 // Ownership is what one shard owns at one shard map version.
 type Ownership struct {
@@ -64,28 +37,9 @@ type Ownership struct {
 	Digest   string
 }
 
-// MapDigest identifies what a map says about ownership: its version, and each shard's name and
-// ranges (DSNs are left out: they are secret, and do not decide who owns what).
-func MapDigest(m *shardmap.Map) string {
-	owned := m.Ownership()
-	names := make([]string, 0, len(m.Shards))
-	for _, s := range m.Shards {
-		names = append(names, s.Name)
-	}
-	slices.Sort(names)
-	h := sha256.New()
-	fmt.Fprintf(h, "version %d\n", m.Version)
-	for _, n := range names {
-		rs := slices.Clone(owned[n])
-		sort.Slice(rs, func(i, j int) bool { return rs[i].Lo() < rs[j].Lo() })
-		fmt.Fprintf(h, "%s %v\n", n, rs)
-	}
-	return hex.EncodeToString(h.Sum(nil))
-}
-
-// settlePending reports a shard granted the map it was applying but not yet settled: its moving
+// SettlePending reports a shard granted the map it was applying but not yet settled: its moving
 // rows are copies its new owners hold (every copy of an apply ends before its first grant).
-func (o Ownership) settlePending() bool {
+func (o Ownership) SettlePending() bool {
 	return o.MapVersion == o.Applying && (len(o.Moving) > 0 || len(o.Copied) > 0)
 }
 
@@ -158,88 +112,107 @@ const (
 // apply can simply be run again.
 func ApplyOwnership(ctx context.Context, pool *pgxpool.Pool, o Ownership, phase Phase) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", lockClass, lockOwnership); err != nil {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", LockClass, LockOwnership); err != nil {
 			return err
 		}
 		cur, err := readOwnership(ctx, tx)
 		if err != nil {
 			return err
 		}
-		if cur.MapVersion > o.MapVersion {
-			return fmt.Errorf("%w: shard %s is at version %d, refusing version %d", ErrOlderMap, o.Shard, cur.MapVersion, o.MapVersion)
-		}
-		if cur.Applying > o.MapVersion {
-			return fmt.Errorf("%w: the apply of version %d has begun on shard %s, refusing version %d; apply version %d or newer to finish it",
-				ErrOlderMap, cur.Applying, o.Shard, o.MapVersion, cur.Applying)
-		}
-		if phase == Revoke && cur.MapVersion == o.MapVersion && !sameRanges(cur.Ranges, o.Ranges) {
-			// The shard was granted this version already, with other ranges: routers would keep
-			// the old map (they refuse a changed map under the same version) and never agree.
-			return fmt.Errorf("%w: shard %s owns %v at version %d, the map gives it %v; raise the version", ErrChangedMap, o.Shard, cur.Ranges, o.MapVersion, o.Ranges)
-		}
-		// A revoke keeps the shard's version: only a grant says the shard follows the new map,
-		// so a resumed apply is told apart from a changed map under the same version.
-		version := o.MapVersion
-		if phase == Revoke {
-			version = cur.MapVersion
+		if err := checkPhase(cur, o, phase); err != nil {
+			return err
 		}
 		if phase == Settle {
 			if err := deleteMovedRows(ctx, tx); err != nil {
 				return err
 			}
 		}
-		active, moving, copied := o.Ranges, cur.Moving, cur.Copied
-		switch phase {
-		case Revoke:
-			active = nil
-			for _, r := range o.Ranges {
-				if covers(cur.Ranges, r) {
-					active = append(active, r)
-				}
-			}
-			for _, r := range cur.Ranges {
-				if !containsRange(active, r) {
-					moving = append(moving, r)
-				}
-			}
-		case Grant:
-			granted := slices.Clone(o.Ranges)
-			sort.Slice(granted, func(i, j int) bool { return granted[i].Lo() < granted[j].Lo() })
-			for _, r := range cur.Ranges {
-				if !covers(granted, r) {
-					moving = append(moving, r)
-				}
-			}
-		case Settle:
-			moving, copied = nil, nil
+		next := phaseResult(cur, o, phase)
+		// A revoke keeps the shard's version: only a grant says the shard follows the new map,
+		// so a resumed apply is told apart from a changed map under the same version.
+		next.MapVersion = o.MapVersion
+		if phase == Revoke {
+			next.MapVersion = cur.MapVersion
 		}
-		if _, err := tx.Exec(ctx, "DELETE FROM shardgate_owned_range"); err != nil {
-			return err
+		next.Shard, next.Applying, next.Digest = o.Shard, max(cur.Applying, o.MapVersion), o.Digest
+		if o.MapVersion == cur.Applying && o.Digest == "" {
+			next.Digest = cur.Digest
 		}
-		// One row per range string: active wins over moving, and moving (held) over copied.
-		for _, set := range []struct {
-			ranges         []shardmap.KeyRange
-			active, copied bool
-		}{{active, true, false}, {moving, false, false}, {copied, false, true}} {
-			for _, r := range set.ranges {
-				lo, hi := bounds(r)
-				if _, err := tx.Exec(ctx, `INSERT INTO shardgate_owned_range AS o (key_range, lo, hi, active, copied) VALUES ($1, $2, $3, $4, $5)
-					ON CONFLICT (key_range) DO UPDATE SET active = o.active OR EXCLUDED.active, copied = o.copied AND EXCLUDED.copied`,
-					r.String(), lo, hi, set.active, set.copied); err != nil {
-					return err
-				}
-			}
-		}
-		digest := o.Digest
-		if o.MapVersion == cur.Applying && digest == "" {
-			digest = cur.Digest
-		}
-		_, err = tx.Exec(ctx, `INSERT INTO shardgate_shard (shard_name, map_version, applying_version, applying_digest) VALUES ($1, $2, $3, $4)
-			ON CONFLICT (singleton) DO UPDATE SET shard_name = EXCLUDED.shard_name, map_version = EXCLUDED.map_version,
-				applying_version = EXCLUDED.applying_version, applying_digest = EXCLUDED.applying_digest, updated_at = now()`,
-			o.Shard, version, max(cur.Applying, o.MapVersion), digest)
-		return err
+		return writeOwnership(ctx, tx, next)
 	})
+}
+
+// checkPhase refuses a phase of an older map than the shard follows or has begun applying, and
+// a revoke of the shard's own version with other ranges.
+func checkPhase(cur, o Ownership, phase Phase) error {
+	if cur.MapVersion > o.MapVersion {
+		return fmt.Errorf("%w: shard %s is at version %d, refusing version %d", ErrOlderMap, o.Shard, cur.MapVersion, o.MapVersion)
+	}
+	if cur.Applying > o.MapVersion {
+		return fmt.Errorf("%w: the apply of version %d has begun on shard %s, refusing version %d; apply version %d or newer to finish it",
+			ErrOlderMap, cur.Applying, o.Shard, o.MapVersion, cur.Applying)
+	}
+	if phase == Revoke && cur.MapVersion == o.MapVersion && !shardmap.SameRanges(cur.Ranges, o.Ranges) {
+		// The shard was granted this version already, with other ranges: routers would keep
+		// the old map (they refuse a changed map under the same version) and never agree.
+		return fmt.Errorf("%w: shard %s owns %v at version %d, the map gives it %v; raise the version", ErrChangedMap, o.Shard, cur.Ranges, o.MapVersion, o.Ranges)
+	}
+	return nil
+}
+
+// phaseResult is the shard's active, moving and copied ranges after phase.
+func phaseResult(cur, o Ownership, phase Phase) Ownership {
+	next := Ownership{Ranges: o.Ranges, Moving: cur.Moving, Copied: cur.Copied}
+	switch phase {
+	case Revoke:
+		next.Ranges = nil
+		for _, r := range o.Ranges {
+			if shardmap.Covers(cur.Ranges, r) {
+				next.Ranges = append(next.Ranges, r)
+			}
+		}
+		for _, r := range cur.Ranges {
+			if !slices.Contains(next.Ranges, r) {
+				next.Moving = append(next.Moving, r)
+			}
+		}
+	case Grant:
+		granted := shardmap.SortRanges(slices.Clone(o.Ranges))
+		for _, r := range cur.Ranges {
+			if !shardmap.Covers(granted, r) {
+				next.Moving = append(next.Moving, r)
+			}
+		}
+	case Settle:
+		next.Moving, next.Copied = nil, nil
+	}
+	return next
+}
+
+// writeOwnership replaces the shard's ownership rows with o.
+func writeOwnership(ctx context.Context, tx pgx.Tx, o Ownership) error {
+	if _, err := tx.Exec(ctx, "DELETE FROM shardgate_owned_range"); err != nil {
+		return err
+	}
+	// One row per range string: active wins over moving, and moving (held) over copied.
+	for _, set := range []struct {
+		ranges         []shardmap.KeyRange
+		active, copied bool
+	}{{o.Ranges, true, false}, {o.Moving, false, false}, {o.Copied, false, true}} {
+		for _, r := range set.ranges {
+			lo, hi := Bounds(r)
+			if _, err := tx.Exec(ctx, `INSERT INTO shardgate_owned_range AS o (key_range, lo, hi, active, copied) VALUES ($1, $2, $3, $4, $5)
+				ON CONFLICT (key_range) DO UPDATE SET active = o.active OR EXCLUDED.active, copied = o.copied AND EXCLUDED.copied`,
+				r.String(), lo, hi, set.active, set.copied); err != nil {
+				return err
+			}
+		}
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO shardgate_shard (shard_name, map_version, applying_version, applying_digest) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (singleton) DO UPDATE SET shard_name = EXCLUDED.shard_name, map_version = EXCLUDED.map_version,
+			applying_version = EXCLUDED.applying_version, applying_digest = EXCLUDED.applying_digest, updated_at = now()`,
+		o.Shard, o.MapVersion, o.Applying, o.Digest)
+	return err
 }
 
 // inRangeOf is true for a row whose keyspace_id lies in an owned range with the given activity
@@ -259,8 +232,8 @@ func deleteMovedRows(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-// bounds returns r's bounds as stored: sign-flipped, hi nil when r runs to the end.
-func bounds(r shardmap.KeyRange) (lo int64, hi *int64) {
+// Bounds returns r's bounds as stored: sign-flipped, hi nil when r runs to the end.
+func Bounds(r shardmap.KeyRange) (lo int64, hi *int64) {
 	if end, bounded := r.Hi(); bounded {
 		v := signedKeyspace(end)
 		hi = &v
@@ -268,228 +241,12 @@ func bounds(r shardmap.KeyRange) (lo int64, hi *int64) {
 	return signedKeyspace(r.Lo()), hi
 }
 
-func containsRange(set []shardmap.KeyRange, r shardmap.KeyRange) bool {
-	for _, s := range set {
-		if s == r {
-			return true
-		}
-	}
-	return false
-}
-
-// covers reports whether the union of set (sorted by Lo) contains r.
-func covers(set []shardmap.KeyRange, r shardmap.KeyRange) bool {
-	next := r.Lo() // first keyspace id of r not yet known to be covered
-	rEnd, rBounded := r.Hi()
-	for _, s := range set {
-		if s.Lo() > next {
-			break
-		}
-		sEnd, sBounded := s.Hi()
-		if !sBounded {
-			return true
-		}
-		if sEnd > next {
-			next = sEnd
-		}
-		if rBounded && next >= rEnd {
-			return true
-		}
-	}
-	return false
-}
-
-// MoveReport says what ApplyMap copied from one shard to another.
-type MoveReport struct {
-	From, To        string
-	Range           shardmap.KeyRange // the moving range on From (may be wider than what To gets)
-	Records, Ledger int64             // rows inserted on To
-	// Conflicts counts keys To already held for a different request: the same key was used
-	// for transfers from accounts on two shards. To's record wins; each is a key to look at.
-	Conflicts int64
-}
-
-// ApplyMap makes the shards of m own exactly their ranges under m.Version, moving the rows of
-// every key range that changes owner: (1) every shard revokes what it loses, so those ranges
-// are owned by nobody and their transfers get a retryable 503; (2) the idempotency records and
-// ledger rows of each revoked range are copied to the shards that now own it, so a retry there
-// replays instead of applying again; (3) every shard grants its new ranges; (4) every shard
-// forgets its moving ranges. If any step fails nothing later runs; running ApplyMap again
-// resumes, and so does applying a newer map, while an older one is refused. One ApplyMap runs at
-// a time: it holds an apply lock on every shard of m throughout, and fails at once with
-// ErrApplyRunning if another holds one. pool must return a pool for every shard of m, with a
-// connection to spare for the lock; iv is the partition interval, used to create partitions
-// for copied records.
-//
-// A shard missing from m is not touched: remove a shard only after a map without its ranges
-// has been applied.
-func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpool.Pool, iv partition.Interval) ([]MoveReport, error) {
-	unlock, err := takeApplyLocks(ctx, m, pool)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	stale, err := checkHolders(ctx, m, pool)
-	if err != nil {
-		return nil, err
-	}
-	// Finish the settle an earlier apply left undone, before its moving ranges could be mistaken
-	// for this apply's.
-	for _, name := range stale {
-		if err := settleStale(ctx, pool(name)); err != nil {
-			return nil, fmt.Errorf("shard %s: settle the unfinished earlier apply: %w", name, err)
-		}
-	}
-	owned := m.Ownership()
-	digest := MapDigest(m)
-	apply := func(phase Phase) error {
-		for _, s := range m.Shards {
-			o := Ownership{Shard: s.Name, MapVersion: m.Version, Ranges: owned[s.Name], Digest: digest}
-			if err := ApplyOwnership(ctx, pool(s.Name), o, phase); err != nil {
-				return fmt.Errorf("shard %s: apply ownership of map version %d: %w", s.Name, m.Version, err)
-			}
-		}
-		return nil
-	}
-	if err := apply(Revoke); err != nil {
-		return nil, err
-	}
-	var moves []MoveReport
-	for _, from := range m.Shards {
-		o, err := ReadOwnership(ctx, pool(from.Name))
-		if err != nil {
-			return moves, fmt.Errorf("shard %s: %w", from.Name, err)
-		}
-		for _, r := range o.Moving {
-			for _, to := range m.Shards {
-				if to.Name == from.Name {
-					continue
-				}
-				for _, q := range owned[to.Name] {
-					part, ok := r.Intersect(q)
-					if !ok {
-						continue
-					}
-					mv := MoveReport{From: from.Name, To: to.Name, Range: r}
-					if err := copyRange(ctx, pool(from.Name), pool(to.Name), part, iv, &mv); err != nil {
-						return moves, fmt.Errorf("copy %s from %s to %s: %w", r, from.Name, to.Name, err)
-					}
-					moves = append(moves, mv)
-				}
-			}
-		}
-	}
-	if err := apply(Grant); err != nil {
-		return moves, err
-	}
-	return moves, apply(Settle)
-}
-
-// checkHolders refuses, before anything is changed, an apply that would lose track of rows or go
-// back: a shard whose DSN reaches the database of another shard; a shard that follows, or has
-// begun applying, a newer map; a shard where the apply of another version stopped part-way; a
-// shard that follows this version with other ranges; or, once the cluster has been given ownership, key ranges that no
-// shard of m holds (active or moving; copied ranges do not count) — they are held by a shard
-// missing from m, whose rows would be left behind and whose keys would then apply a second time
-// on their new owner.
-func checkHolders(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool) (stale []string, err error) {
-	owned := m.Ownership()
-	digest := MapDigest(m)
-	var held []shardmap.KeyRange
-	initialized := false
-	all := make([]Ownership, len(m.Shards))
-	for i, s := range m.Shards {
-		if all[i], err = ReadOwnership(ctx, pool(s.Name)); err != nil {
-			return nil, fmt.Errorf("shard %s: %w", s.Name, err)
-		}
-	}
-	// activeElsewhere is the union of the ranges the other shards of m are active on.
-	activeElsewhere := func(i int) []shardmap.KeyRange {
-		var rs []shardmap.KeyRange
-		for j, o := range all {
-			if j != i {
-				rs = append(rs, o.Ranges...)
-			}
-		}
-		sort.Slice(rs, func(a, b int) bool { return rs[a].Lo() < rs[b].Lo() })
-		return rs
-	}
-	for i, s := range m.Shards {
-		o := all[i]
-		if o.Shard != "" && o.Shard != s.Name {
-			return nil, fmt.Errorf("shard %s: its DSN reaches the database of shard %s; fix the DSN", s.Name, o.Shard)
-		}
-		// Refused here, before any shard is revoked: a revoke of this map on some shards would
-		// leave their ranges owned by nobody until the newer map is applied.
-		if newest := max(o.MapVersion, o.Applying); newest > m.Version {
-			return nil, fmt.Errorf("shard %s: %w: it follows or has begun applying version %d, and this map is version %d; apply version %d or newer",
-				s.Name, ErrOlderMap, newest, m.Version, newest)
-		}
-		// The same version with other contents, even on shards this map leaves out of its
-		// ranges, or leaves out altogether (seen on the others): two maps under one version
-		// could give one range to two shards.
-		if o.Applying == m.Version && o.Digest != "" && o.Digest != digest {
-			return nil, fmt.Errorf("shard %s: %w: version %d was applied, or begun, with another map (other shards or ranges); apply that exact map, or raise the version",
-				s.Name, ErrChangedMap, m.Version)
-		}
-		if o.MapVersion == m.Version && !sameRanges(o.Ranges, owned[s.Name]) {
-			return nil, fmt.Errorf("shard %s: %w: it owns %v at version %d, the map gives it %v; raise the version",
-				s.Name, ErrChangedMap, o.Ranges, m.Version, owned[s.Name])
-		}
-		switch {
-		case o.Applying > o.MapVersion && o.Applying != m.Version && len(o.Ranges) == 0 && len(o.Copied) == 0 &&
-			allCovered(o.Moving, activeElsewhere(i)):
-			// Revoked, not granted, and drained: every range it gave up is active elsewhere,
-			// which takes a grant, and an apply grants only after all its copies. So its rows
-			// are copies others hold (a drain stopped before this shard's grant): settle it. A
-			// shard holding copied ranges was to be granted them: it is no drain.
-			stale = append(stale, s.Name)
-		case o.Applying > o.MapVersion && o.Applying != m.Version:
-			// Revoked and not granted: the copies of that apply may be incomplete, so only the
-			// same map may go on from here.
-			return nil, fmt.Errorf("shard %s: %w: the apply of version %d stopped before its grant; apply that map again to finish it, then this one",
-				s.Name, ErrUnfinishedApply, o.Applying)
-		case o.settlePending() && o.Applying != m.Version:
-			// Granted and not settled: its moving rows are copies their new owners hold, so they
-			// are not held here; this apply settles them first.
-			stale = append(stale, s.Name)
-			held = append(held, o.Ranges...)
-		default:
-			held = append(held, o.Ranges...)
-			held = append(held, o.Moving...)
-		}
-		// A shard that has begun an apply, or holds any range, is part of a cluster already.
-		initialized = initialized || o.MapVersion > 0 || o.Applying > 0 ||
-			len(o.Ranges)+len(o.Moving)+len(o.Copied) > 0
-	}
-	if !initialized {
-		return stale, nil // a new cluster: nothing is held anywhere yet
-	}
-	sort.Slice(held, func(i, j int) bool { return held[i].Lo() < held[j].Lo() })
-	if !covers(held, shardmap.KeyRange{}) {
-		return nil, errors.New("some key ranges are held by no shard of this map: a shard removed from the map still owns them, " +
-			"or an apply that stopped has not granted them yet. Apply the stopped map again to finish it; " +
-			"to remove a shard, put it back with `ranges: []`, apply (its rows move to their new owners), and only then remove it")
-	}
-	return stale, nil
-}
-
-// allCovered reports whether every range of rs lies in the union of set (sorted by Lo).
-func allCovered(rs, set []shardmap.KeyRange) bool {
-	for _, r := range rs {
-		if !covers(set, r) {
-			return false
-		}
-	}
-	return true
-}
-
-// settleStale finishes the settle of an apply that was granted on this shard but not settled:
+// SettleStale finishes the settle of an apply that was granted on this shard but not settled:
 // it deletes the rows of its inactive ranges that no active range covers (their new owners
 // hold copies) and forgets those ranges. Versions are left as they are.
-func settleStale(ctx context.Context, pool *pgxpool.Pool) error {
+func SettleStale(ctx context.Context, pool *pgxpool.Pool) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", lockClass, lockOwnership); err != nil {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", LockClass, LockOwnership); err != nil {
 			return err
 		}
 		if err := deleteMovedRows(ctx, tx); err != nil {
@@ -498,187 +255,4 @@ func settleStale(ctx context.Context, pool *pgxpool.Pool) error {
 		_, err := tx.Exec(ctx, "DELETE FROM shardgate_owned_range WHERE NOT active")
 		return err
 	})
-}
-
-// takeApplyLocks takes the apply lock (a session advisory lock) on every shard of m, in name order,
-// each on a connection held until unlock. It fails at once, holding nothing, if a shard's lock is
-// taken: two applies that interleaved their phases could leave two shards owning one range. A
-// lock held by this very apply means two shards' DSNs reach one database, and says so.
-func takeApplyLocks(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool) (unlock func(), err error) {
-	type session struct {
-		shard string
-		conn  *pgxpool.Conn
-		id    string // backend pid and start time: unique on a server, and across servers in practice
-	}
-	var held []session
-	unlock = func() {
-		for _, s := range held {
-			if _, err := s.conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1, $2)", lockClass, lockApply); err != nil {
-				// The pool must not keep a session that may still hold the lock.
-				s.conn.Conn().Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing is the fallback
-			}
-			s.conn.Release()
-		}
-	}
-	names := make([]string, 0, len(m.Shards))
-	for _, s := range m.Shards {
-		names = append(names, s.Name)
-	}
-	slices.Sort(names)
-	const backend = "pg_backend_pid() || '@' || (SELECT extract(epoch FROM backend_start) FROM pg_stat_activity WHERE pid = pg_backend_pid())"
-	for _, name := range names {
-		c, err := pool(name).Acquire(ctx)
-		if err != nil {
-			unlock()
-			return nil, fmt.Errorf("shard %s: %w", name, err)
-		}
-		var ok bool
-		var id string
-		err = c.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2), "+backend, lockClass, lockApply).Scan(&ok, &id)
-		if err == nil && !ok {
-			err = fmt.Errorf("%w there (router migrate or router shardmap apply); wait for it to finish, then run this again", ErrApplyRunning)
-			var holder *string
-			if qerr := c.QueryRow(ctx, `SELECT a.pid || '@' || extract(epoch FROM a.backend_start) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-				WHERE l.locktype = 'advisory' AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 AND l.granted
-				  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`, lockClass, lockApply).Scan(&holder); qerr == nil && holder != nil {
-				for _, h := range held {
-					if h.id == *holder {
-						err = fmt.Errorf("its DSN reaches the database of shard %s; fix the DSN", h.shard)
-					}
-				}
-			}
-		}
-		if err != nil {
-			c.Release()
-			unlock()
-			return nil, fmt.Errorf("shard %s: %w", name, err)
-		}
-		held = append(held, session{shard: name, conn: c, id: id})
-	}
-	return unlock, nil
-}
-
-// copyBatch is how many idempotency records copyRange copies per transaction: each holds its
-// key's advisory lock until commit, and the lock table is shared by the whole server.
-const copyBatch = 500
-
-const (
-	recordCols = "key, scope, request_hash, keyspace_id, response, state, created_at"
-	ledgerCols = "transfer_id, keyspace_id, account_id, counterparty_id, amount, currency, kind, reference, client, created_at"
-	inRange    = "keyspace_id >= $1 AND ($2::bigint IS NULL OR keyspace_id < $2)"
-)
-
-// copyRange copies the idempotency records and ledger rows whose keyspace id is in r from src to
-// dst, skipping rows dst already has, so it can run again after an interruption. No shard owns
-// r meanwhile, but dst serves its other ranges: each record is inserted under its key's lock
-// (shardgate_copy_records), so a transfer there reusing the key cannot add a second record.
-// Each transaction also lists r on dst as a copied range, so rows copied by an apply that never
-// reaches its grant are deleted when a later apply settles, instead of being left behind; a
-// copied range is not held, so it cannot stand in for the shard the rows were copied from.
-func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, iv partition.Interval, mv *MoveReport) error {
-	lo, hi := bounds(r)
-	var oldest, newest *time.Time
-	if err := src.QueryRow(ctx, "SELECT min(created_at), max(created_at) FROM idempotency_record WHERE "+inRange, lo, hi).Scan(&oldest, &newest); err != nil {
-		return err
-	}
-	if oldest != nil {
-		n := 0
-		for p := partition.At(iv, *oldest); p.To.Before(*newest) || p.To.Equal(*newest); p = partition.At(iv, p.To) {
-			n++
-		}
-		if _, err := EnsurePartitions(ctx, dst, iv, *oldest, n); err != nil {
-			return fmt.Errorf("partitions for copied records: %w", err)
-		}
-	}
-	// Records, a batch per transaction, in (scope, key) order.
-	var after *[2]string
-	for {
-		args := []any{lo, hi, nil, nil}
-		if after != nil {
-			args[2], args[3] = after[0], after[1]
-		}
-		q := fmt.Sprintf("SELECT %s FROM idempotency_record WHERE %s AND ($3::text IS NULL OR (scope, key) > ($3, $4)) ORDER BY scope, key LIMIT %d",
-			recordCols, inRange, copyBatch)
-		var n int
-		var last [2]string // the source's last (scope, key): the source's order decides the next page
-		onRow := func(vals []any) { last[0], last[1] = vals[1].(string), vals[0].(string) }
-		done, err := copyInto(ctx, src, dst, r, "idempotency_record", recordCols, q, args, onRow, func(ctx context.Context, tx pgx.Tx, rows int) error {
-			n = rows
-			var inserted, conflicts int64
-			if err := tx.QueryRow(ctx, "SELECT inserted, conflicts FROM shardgate_copy_records()").Scan(&inserted, &conflicts); err != nil {
-				return err
-			}
-			mv.Records += inserted
-			mv.Conflicts += conflicts
-			return nil
-		})
-		if err != nil || done {
-			return err
-		}
-		if n < copyBatch {
-			break
-		}
-		after = &last
-	}
-	// Ledger rows: their unique (transfer_id, kind) settles any race, so one statement does.
-	_, err := copyInto(ctx, src, dst, r, "ledger_entries", ledgerCols, fmt.Sprintf("SELECT %s FROM ledger_entries WHERE %s", ledgerCols, inRange), []any{lo, hi}, nil,
-		func(ctx context.Context, tx pgx.Tx, _ int) error {
-			tag, err := tx.Exec(ctx, fmt.Sprintf("INSERT INTO ledger_entries (%[1]s) SELECT %[1]s FROM moving_rows ON CONFLICT (transfer_id, kind) DO NOTHING", ledgerCols))
-			mv.Ledger += tag.RowsAffected()
-			return err
-		})
-	return err
-}
-
-// copyInto runs one copy transaction on dst: it stages the rows query returns from src in the
-// temporary table moving_rows (cols of table), passing each to onRow unless it is nil, and if
-// any were staged lists r on dst as copied and calls insert with their number. done is true, and nothing is copied, when dst already serves part of r:
-// an apply run again after its grant, whose copy was made and whose new rows are dst's own.
-func copyInto(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, table, cols, query string, args []any,
-	onRow func([]any), insert func(ctx context.Context, tx pgx.Tx, rows int) error) (done bool, err error) {
-	lo, hi := bounds(r)
-	err = pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1, $2)", lockClass, lockOwnership); err != nil {
-			return err
-		}
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM shardgate_owned_range
-			WHERE active AND ($2::bigint IS NULL OR lo < $2) AND (hi IS NULL OR hi > $1))`, lo, hi).Scan(&done); err != nil || done {
-			return err
-		}
-		if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE TEMP TABLE moving_rows ON COMMIT DROP AS SELECT %s FROM %s WITH NO DATA", cols, table)); err != nil {
-			return err
-		}
-		rows, err := src.Query(ctx, query, args...)
-		if err != nil {
-			return err
-		}
-		n, err := tx.CopyFrom(ctx, pgx.Identifier{"moving_rows"}, splitCols(cols), pgx.CopyFromFunc(func() ([]any, error) {
-			if !rows.Next() {
-				return nil, rows.Err()
-			}
-			vals, err := rows.Values()
-			if err == nil && onRow != nil {
-				onRow(vals)
-			}
-			return vals, err
-		}))
-		rows.Close()
-		if err != nil || n == 0 {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO shardgate_owned_range (key_range, lo, hi, active, copied) VALUES ($1, $2, $3, false, true)
-			ON CONFLICT (key_range) DO NOTHING`, r.String(), lo, hi); err != nil {
-			return err
-		}
-		return insert(ctx, tx, int(n))
-	})
-	return done, err
-}
-
-func splitCols(cols string) []string {
-	parts := strings.Split(cols, ",")
-	for i := range parts {
-		parts[i] = strings.TrimSpace(parts[i])
-	}
-	return parts
 }

@@ -45,7 +45,7 @@ func ensurePartitions(ctx context.Context, db txStarter, iv partition.Interval, 
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		created, reattached = nil, nil
 		// Re-entrant: Upkeep already holds this lock as a session lock on the same connection.
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", lockClass, lockUpkeep); err != nil {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", LockClass, LockUpkeep); err != nil {
 			return err
 		}
 		existing, err := attachedPartitions(ctx, tx)

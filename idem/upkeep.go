@@ -80,7 +80,7 @@ const dropMarker = "shardgate upkeep: expired idempotency partition, detached to
 // DEFAULT partition.
 //
 // Locking: the pass runs on one connection of its own, which holds the session advisory lock
-// lockUpkeep for the whole pass and is closed at the end (closing releases the lock whatever
+// LockUpkeep for the whole pass and is closed at the end (closing releases the lock whatever
 // happened). A second upkeep on the same shard takes the lock with pg_try_advisory_lock, so it
 // skips (Skipped) rather than waits, and never becomes part of a lock cycle. Step 1 takes the
 // same lock again as a transaction lock on the same session, which is granted at once (advisory
@@ -111,7 +111,7 @@ func Upkeep(ctx context.Context, pool *pgxpool.Pool, o UpkeepOptions) (UpkeepRep
 	}()
 
 	var locked bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", lockClass, lockUpkeep).Scan(&locked); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", LockClass, LockUpkeep).Scan(&locked); err != nil {
 		return rep, fmt.Errorf("take upkeep lock: %w", err)
 	}
 	if !locked {
@@ -123,7 +123,7 @@ func Upkeep(ctx context.Context, pool *pgxpool.Pool, o UpkeepOptions) (UpkeepRep
 	defer func() {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		conn.Exec(uctx, "SELECT pg_advisory_unlock($1, $2)", lockClass, lockUpkeep) //nolint:errcheck // closing the connection releases it too
+		conn.Exec(uctx, "SELECT pg_advisory_unlock($1, $2)", LockClass, LockUpkeep) //nolint:errcheck // closing the connection releases it too
 	}()
 	lockTimeout := o.LockTimeout
 	if lockTimeout == 0 {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/rangemove"
 	"github.com/shardgate/shardgate/shardmap"
 	"github.com/shardgate/shardgate/topology"
 )
@@ -42,7 +43,7 @@ func migrate(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Wr
 // applyMap makes every shard own its ranges of m, moving the rows of ranges that change owner,
 // and reports the moves.
 func applyMap(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(string) *pgxpool.Pool, out io.Writer) error {
-	moves, err := idem.ApplyMap(ctx, m, pool, cfg.Idempotency.PartitionInterval)
+	moves, err := rangemove.ApplyMap(ctx, m, pool, cfg.Idempotency.PartitionInterval)
 	for _, mv := range moves {
 		fmt.Fprintf(out, "moved rows of %s from %s to %s: %d idempotency records, %d ledger rows\n", mv.Range, mv.From, mv.To, mv.Records, mv.Ledger)
 		if mv.Conflicts > 0 {

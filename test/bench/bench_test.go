@@ -44,6 +44,7 @@ import (
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/internal/localpg"
 	"github.com/shardgate/shardgate/partition"
+	"github.com/shardgate/shardgate/rangemove"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardmap"
 	"github.com/shardgate/shardgate/topology"
@@ -372,7 +373,7 @@ func setup(ctx context.Context, b *testing.B, s settings) *fixture {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := idem.ApplyMap(ctx, m, func(string) *pgxpool.Pool { return f.admin }, partition.Daily); err != nil {
+	if _, err := rangemove.ApplyMap(ctx, m, func(string) *pgxpool.Pool { return f.admin }, partition.Daily); err != nil {
 		b.Fatal(err)
 	}
 	topo, err := topology.Open(m, nil, cfg.ShardPool)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/rangemove"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardgatetest"
 	"github.com/shardgate/shardgate/shardmap"
@@ -402,7 +403,7 @@ func startBankRouter(ctx context.Context, t *testing.T, c *shardgatetest.Cluster
 			t.Fatalf("partitions %s: %v", name, err)
 		}
 	}
-	if _, err := idem.ApplyMap(ctx, rt.m, func(s string) *pgxpool.Pool { return pools[s] }, rt.cfg.Idempotency.PartitionInterval); err != nil {
+	if _, err := rangemove.ApplyMap(ctx, rt.m, func(s string) *pgxpool.Pool { return pools[s] }, rt.cfg.Idempotency.PartitionInterval); err != nil {
 		t.Fatal(err)
 	}
 	if rt.Router, err = c.StartRouter(ctx, routerYAML, shardMap((*shardgatetest.Shard).NetworkDSN)); err != nil {

@@ -28,6 +28,7 @@ import (
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/internal/localpg"
 	"github.com/shardgate/shardgate/partition"
+	"github.com/shardgate/shardgate/rangemove"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardmap"
 	"github.com/shardgate/shardgate/topology"
@@ -148,7 +149,7 @@ func setup(m *testing.M) (int, error) {
 			return 0, err
 		}
 	}
-	if _, err := idem.ApplyMap(ctx, env.m, func(s string) *pgxpool.Pool { return env.pools[s] }, partition.Daily); err != nil {
+	if _, err := rangemove.ApplyMap(ctx, env.m, func(s string) *pgxpool.Pool { return env.pools[s] }, partition.Daily); err != nil {
 		return 0, err
 	}
 	var logOut io.Writer = &env.logs

@@ -16,6 +16,7 @@ import (
 
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/partition"
+	"github.com/shardgate/shardgate/rangemove"
 	"github.com/shardgate/shardgate/router"
 )
 
@@ -126,7 +127,7 @@ func TestRangeMoveFencesStaleRouter(t *testing.T) {
 		}
 	}
 	pools := func(s string) *pgxpool.Pool { return env.pools[s] }
-	if _, err := idem.ApplyMap(ctx, mustLoad(t, current), pools, partition.Daily); err != nil {
+	if _, err := rangemove.ApplyMap(ctx, mustLoad(t, current), pools, partition.Daily); err != nil {
 		t.Fatal(err)
 	}
 	fresh, freshURL := newRouter(t, current)
@@ -136,7 +137,7 @@ func TestRangeMoveFencesStaleRouter(t *testing.T) {
 		if err := writeMap(current, v+2, []string{"-80", "80-"}); err != nil {
 			t.Error(err)
 		}
-		if _, err := idem.ApplyMap(ctx, mustLoad(t, current), pools, partition.Daily); err != nil {
+		if _, err := rangemove.ApplyMap(ctx, mustLoad(t, current), pools, partition.Daily); err != nil {
 			t.Error(err)
 		}
 	})
@@ -159,7 +160,7 @@ func TestRangeMoveFencesStaleRouter(t *testing.T) {
 	if err := writeMap(current, v+1, []string{"-40", "40-"}); err != nil {
 		t.Fatal(err)
 	}
-	moves, err := idem.ApplyMap(ctx, mustLoad(t, current), pools, partition.Daily)
+	moves, err := rangemove.ApplyMap(ctx, mustLoad(t, current), pools, partition.Daily)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +171,7 @@ func TestRangeMoveFencesStaleRouter(t *testing.T) {
 	if err := writeMap(filepath.Join(dir, "changed.yaml"), v+1, []string{"-20", "20-"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := idem.ApplyMap(ctx, mustLoad(t, filepath.Join(dir, "changed.yaml")), pools, partition.Daily); !errors.Is(err, idem.ErrChangedMap) {
+	if _, err := rangemove.ApplyMap(ctx, mustLoad(t, filepath.Join(dir, "changed.yaml")), pools, partition.Daily); !errors.Is(err, idem.ErrChangedMap) {
 		t.Errorf("a changed map under version %d: %v, want ErrChangedMap", v+1, err)
 	}
 	// The router on the current file learns the new map from the shard's refusal, reloads and
@@ -225,7 +226,7 @@ func TestRemovingAShardMovesItsRowsFirst(t *testing.T) {
 		if err := writeMap(mapPath, v+2, []string{"-80", "80-"}); err != nil {
 			t.Error(err)
 		}
-		if _, err := idem.ApplyMap(ctx, mustLoad(t, mapPath), pools, partition.Daily); err != nil {
+		if _, err := rangemove.ApplyMap(ctx, mustLoad(t, mapPath), pools, partition.Daily); err != nil {
 			t.Error(err)
 		}
 	})
@@ -239,13 +240,13 @@ func TestRemovingAShardMovesItsRowsFirst(t *testing.T) {
 	if err := writeMap(mapPath, v, []string{"-"}); err != nil { // shard-1 simply left out
 		t.Fatal(err)
 	}
-	if _, err := idem.ApplyMap(ctx, mustLoad(t, mapPath), pools, partition.Daily); err == nil || !strings.Contains(err.Error(), "removed from the map") {
+	if _, err := rangemove.ApplyMap(ctx, mustLoad(t, mapPath), pools, partition.Daily); err == nil || !strings.Contains(err.Error(), "removed from the map") {
 		t.Fatalf("apply without the removed shard: %v, want a refusal", err)
 	}
 	if err := writeMap(mapPath, v+1, []string{"-", ""}); err != nil { // shard-1 drained
 		t.Fatal(err)
 	}
-	if _, err := idem.ApplyMap(ctx, mustLoad(t, mapPath), pools, partition.Daily); err != nil {
+	if _, err := rangemove.ApplyMap(ctx, mustLoad(t, mapPath), pools, partition.Daily); err != nil {
 		t.Fatal(err)
 	}
 	_, base := newRouter(t, mapPath)

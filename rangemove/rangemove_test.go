@@ -1,16 +1,18 @@
-package idem
+package rangemove
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/internal/pgtest"
 	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/shardmap"
 )
@@ -24,8 +26,11 @@ type cluster struct {
 func newCluster(t *testing.T, names ...string) *cluster {
 	c := &cluster{t: t, pools: map[string]*pgxpool.Pool{}}
 	for _, n := range names {
-		c.pools[n] = migratedDB(t, n+"_")
-		if _, err := EnsurePartitions(context.Background(), c.pools[n], partition.Daily, time.Now(), 1); err != nil {
+		c.pools[n] = pgtest.NewDB(t, n+"_")
+		if _, err := idem.Migrate(context.Background(), c.pools[n]); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := idem.EnsurePartitions(context.Background(), c.pools[n], partition.Daily, time.Now(), 1); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -73,7 +78,7 @@ func (c *cluster) mustApply(m *shardmap.Map) []MoveReport {
 // owned returns what shard owns, as "active | moving" range strings.
 func (c *cluster) owned(shard string) string {
 	c.t.Helper()
-	o, err := ReadOwnership(context.Background(), c.pool(shard))
+	o, err := idem.ReadOwnership(context.Background(), c.pool(shard))
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -94,8 +99,8 @@ func (c *cluster) rows(shard string) (ledger, records int) {
 // transferAt applies a transfer with keyspace id 42 (in "-80") on shard and checks it applied.
 func (c *cluster) transferAt(shard, key string) {
 	c.t.Helper()
-	res, err := Transfer(context.Background(), c.pool(shard), testTransfer(key, 100))
-	if err != nil || res.Outcome != Applied {
+	res, err := idem.Transfer(context.Background(), c.pool(shard), testTransfer(key, 100))
+	if err != nil || res.Outcome != idem.Applied {
 		c.t.Fatalf("transfer %s on %s: %v %v", key, shard, res.Outcome, err)
 	}
 }
@@ -111,7 +116,7 @@ func TestApplyMapRefusesWhileAnotherRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Release()
-	if _, err := other.Exec(ctx, "SELECT pg_advisory_lock($1, $2)", lockClass, lockApply); err != nil {
+	if _, err := other.Exec(ctx, "SELECT pg_advisory_lock($1, $2)", idem.LockClass, idem.LockApply); err != nil {
 		t.Fatal(err)
 	}
 	_, err = c.apply(c.mapOf(2, "sa=80- sb=-80"))
@@ -122,7 +127,7 @@ func TestApplyMapRefusesWhileAnotherRuns(t *testing.T) {
 		t.Errorf("sa owns %s after a refused apply, want it untouched", got)
 	}
 	// sa's lock was given back: once the other apply ends, this one runs.
-	if _, err := other.Exec(ctx, "SELECT pg_advisory_unlock($1, $2)", lockClass, lockApply); err != nil {
+	if _, err := other.Exec(ctx, "SELECT pg_advisory_unlock($1, $2)", idem.LockClass, idem.LockApply); err != nil {
 		t.Fatal(err)
 	}
 	c.mustApply(c.mapOf(2, "sa=80- sb=-80"))
@@ -134,14 +139,14 @@ func TestApplyMapRefusesWhileAnotherRuns(t *testing.T) {
 // revoke runs the revoke phase of m on the named shards only: an apply that stopped there.
 func (c *cluster) revoke(m *shardmap.Map, shards ...string) {
 	c.t.Helper()
-	c.phase(m, Revoke, shards...)
+	c.phase(m, idem.Revoke, shards...)
 }
 
-func (c *cluster) phase(m *shardmap.Map, p Phase, shards ...string) {
+func (c *cluster) phase(m *shardmap.Map, p idem.Phase, shards ...string) {
 	c.t.Helper()
 	for _, name := range shards {
-		o := Ownership{Shard: name, MapVersion: m.Version, Ranges: m.Ownership()[name]}
-		if err := ApplyOwnership(context.Background(), c.pool(name), o, p); err != nil {
+		o := idem.Ownership{Shard: name, MapVersion: m.Version, Ranges: m.Ownership()[name]}
+		if err := idem.ApplyOwnership(context.Background(), c.pool(name), o, p); err != nil {
 			c.t.Fatal(err)
 		}
 	}
@@ -163,7 +168,7 @@ func (c *cluster) grantedNotSettled(m *shardmap.Map, r, from, to string) {
 	if err := copyRange(context.Background(), c.pool(from), c.pool(to), kr, partition.Daily, &MoveReport{}); err != nil {
 		c.t.Fatal(err)
 	}
-	c.phase(m, Grant, names...)
+	c.phase(m, idem.Grant, names...)
 }
 
 // An apply of version 9 began (its revoke ran on sc) and stopped; version 8 must not be applied
@@ -175,17 +180,17 @@ func TestApplyMapRefusesOlderMapAfterNewerBegan(t *testing.T) {
 	v9 := c.mapOf(9, "sa=80- sb= sc=-80")
 	c.revoke(v9, "sc")
 	_, err := c.apply(c.mapOf(8, "sa=80- sb=-80 sc="))
-	if !errors.Is(err, ErrOlderMap) || !strings.Contains(err.Error(), "version 9") {
-		t.Fatalf("apply of version 8 after 9 began: %v, want ErrOlderMap naming version 9", err)
+	if !errors.Is(err, idem.ErrOlderMap) || !strings.Contains(err.Error(), "version 9") {
+		t.Fatalf("apply of version 8 after 9 began: %v, want idem.ErrOlderMap naming version 9", err)
 	}
 	if got := c.owned("sa"); got != "[-] | []" {
 		t.Errorf("sa owns %s after the refused older map, want [-] untouched", got)
 	}
 	// Once it has begun on every shard, each refuses the older map's phases by itself too.
 	c.revoke(v9, "sa", "sb")
-	o := Ownership{Shard: "sb", MapVersion: 8, Ranges: c.mapOf(8, "sa=80- sb=-80 sc=").Ownership()["sb"]}
-	if err := ApplyOwnership(context.Background(), c.pool("sb"), o, Grant); !errors.Is(err, ErrOlderMap) {
-		t.Fatalf("grant of version 8 on sb after 9's revoke: %v, want ErrOlderMap", err)
+	o := idem.Ownership{Shard: "sb", MapVersion: 8, Ranges: c.mapOf(8, "sa=80- sb=-80 sc=").Ownership()["sb"]}
+	if err := idem.ApplyOwnership(context.Background(), c.pool("sb"), o, idem.Grant); !errors.Is(err, idem.ErrOlderMap) {
+		t.Fatalf("grant of version 8 on sb after 9's revoke: %v, want idem.ErrOlderMap", err)
 	}
 	if got := c.owned("sb"); !strings.HasPrefix(got, "[] |") {
 		t.Errorf("sb owns %s; nothing may be granted by the older map", got)
@@ -258,8 +263,8 @@ func TestStoppedApplyMustFinishFirst(t *testing.T) {
 			if l, r := c.rows("sb"); l != 0 || r != 0 {
 				t.Errorf("sb kept %d ledger rows and %d records after the range went back to sa", l, r)
 			}
-			res, err := Transfer(ctx, c.pool("sa"), testTransfer("k1", 100))
-			if err != nil || res.Outcome != Replayed {
+			res, err := idem.Transfer(ctx, c.pool("sa"), testTransfer("k1", 100))
+			if err != nil || res.Outcome != idem.Replayed {
 				t.Errorf("retry of k1 on sa: %v %v, want replayed", res.Outcome, err)
 			}
 		})
@@ -290,7 +295,7 @@ func TestNextMapSettlesGrantedApply(t *testing.T) {
 		// Version 2 drains sb, and its settle stops before reaching sb.
 		v2 := c.mapOf(2, "sa=- sb=")
 		c.grantedNotSettled(v2, "-80", "sb", "sa")
-		c.phase(v2, Settle, "sa")
+		c.phase(v2, idem.Settle, "sa")
 		c.mustApply(c.mapOf(3, "sa=-")) // sb removed: nothing here can see it
 		c.mustApply(c.mapOf(4, "sa=- sb="))
 		if l, r := c.rows("sb"); l != 0 || r != 0 {
@@ -299,8 +304,8 @@ func TestNextMapSettlesGrantedApply(t *testing.T) {
 		if got := c.owned("sb"); got != "[] | []" {
 			t.Errorf("sb owns %s, want nothing", got)
 		}
-		res, err := Transfer(ctx, c.pool("sa"), testTransfer("k1", 100))
-		if err != nil || res.Outcome != Replayed {
+		res, err := idem.Transfer(ctx, c.pool("sa"), testTransfer("k1", 100))
+		if err != nil || res.Outcome != idem.Replayed {
 			t.Errorf("retry of k1 on sa: %v %v, want replayed", res.Outcome, err)
 		}
 	})
@@ -322,7 +327,7 @@ func TestDrainStoppedBeforeItsGrant(t *testing.T) {
 			if err := copyRange(ctx, c.pool("sx"), c.pool("sb"), low, partition.Daily, &MoveReport{}); err != nil {
 				t.Fatal(err)
 			}
-			c.phase(v2, Grant, "sa", "sb") // stops before sx
+			c.phase(v2, idem.Grant, "sa", "sb") // stops before sx
 			if leftOut {
 				c.mustApply(c.mapOf(3, "sa=80- sb=-80"))
 			}
@@ -333,8 +338,8 @@ func TestDrainStoppedBeforeItsGrant(t *testing.T) {
 			if got := c.owned("sx"); got != "[] | []" {
 				t.Errorf("sx owns %s, want nothing", got)
 			}
-			res, err := Transfer(ctx, c.pool("sb"), testTransfer("k1", 100))
-			if err != nil || res.Outcome != Replayed {
+			res, err := idem.Transfer(ctx, c.pool("sb"), testTransfer("k1", 100))
+			if err != nil || res.Outcome != idem.Replayed {
 				t.Errorf("retry of k1 on sb: %v %v, want replayed", res.Outcome, err)
 			}
 		})
@@ -354,7 +359,7 @@ func TestStoppedCopyDestinationIsNotANewCluster(t *testing.T) {
 	if err := copyRange(ctx, c.pool("sa"), c.pool("sn"), all, partition.Daily, &MoveReport{}); err != nil {
 		t.Fatal(err)
 	}
-	c.phase(v2, Grant, "sa") // stops before sn
+	c.phase(v2, idem.Grant, "sa") // stops before sn
 	if _, err := c.apply(c.mapOf(3, "sn=-")); err == nil {
 		t.Fatal("a map of only the stopped apply's destination was accepted")
 	}
@@ -362,8 +367,8 @@ func TestStoppedCopyDestinationIsNotANewCluster(t *testing.T) {
 		t.Errorf("sn holds %d ledger rows and %d records, want its copy (1 and 1) kept", l, r)
 	}
 	c.mustApply(v2)
-	res, err := Transfer(ctx, c.pool("sn"), testTransfer("k1", 100))
-	if err != nil || res.Outcome != Replayed {
+	res, err := idem.Transfer(ctx, c.pool("sn"), testTransfer("k1", 100))
+	if err != nil || res.Outcome != idem.Replayed {
 		t.Errorf("retry of k1 on sn: %v %v, want replayed", res.Outcome, err)
 	}
 }
@@ -384,8 +389,8 @@ func TestSameVersionOtherMapRefused(t *testing.T) {
 	if _, err := c.pool("sa").Exec(ctx, "UPDATE shardgate_shard SET applying_digest = $1", MapDigest(v2)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.apply(c.mapOf(2, "sa=80- sc= sd=-80")); !errors.Is(err, ErrChangedMap) {
-		t.Fatalf("edited version 2: %v, want ErrChangedMap", err)
+	if _, err := c.apply(c.mapOf(2, "sa=80- sc= sd=-80")); !errors.Is(err, idem.ErrChangedMap) {
+		t.Fatalf("edited version 2: %v, want idem.ErrChangedMap", err)
 	}
 	if got := c.owned("sd"); got != "[] | []" {
 		t.Errorf("sd owns %s, want nothing", got)
@@ -400,10 +405,10 @@ func TestApplyMapRefusesChangedMapBeforeRevoking(t *testing.T) {
 	c.mustApply(c.mapOf(1, "sa=-80 sb=80-"))
 	v2 := c.mapOf(2, "sa=-80 sb=80-")
 	c.revoke(v2, "sa", "sb")
-	c.phase(v2, Grant, "sa")
+	c.phase(v2, idem.Grant, "sa")
 	_, err := c.apply(c.mapOf(2, "sb=40- sa=-40"))
-	if !errors.Is(err, ErrChangedMap) {
-		t.Fatalf("apply of a changed version 2: %v, want ErrChangedMap", err)
+	if !errors.Is(err, idem.ErrChangedMap) {
+		t.Fatalf("apply of a changed version 2: %v, want idem.ErrChangedMap", err)
 	}
 	if got := c.owned("sb"); got != "[80-] | []" {
 		t.Errorf("sb owns %s, want [80-] untouched", got)
@@ -476,16 +481,12 @@ func TestCopyRangeInBatches(t *testing.T) {
 	c.mustApply(c.mapOf(1, "sa=- sb="))
 	ctx := context.Background()
 	const n = copyBatch*2 + 17
-	batch := &pgx.Batch{}
 	for i := range n {
 		r := testTransfer(fmt.Sprintf("key-%04d", i), 100)
 		r.TransferID = fmt.Sprintf("t-%d", i)
-		resp := `{"status":201,"headers":{},"body":""}`
-		batch.Queue(transferSQL, r.Scope, r.Key, r.RequestHash, signedKeyspace(r.KeyspaceID), r.TransferID, r.Client,
-			r.Src, r.Dst, r.Amount, r.Currency, nil, resp)
-	}
-	if err := c.pool("sa").SendBatch(ctx, batch).Close(); err != nil {
-		t.Fatal(err)
+		if res, err := idem.Transfer(ctx, c.pool("sa"), r); err != nil || res.Outcome != idem.Applied {
+			t.Fatalf("transfer %d: %v %v", i, res.Outcome, err)
+		}
 	}
 	moves := c.mustApply(c.mapOf(2, "sa=80- sb=-80"))
 	if len(moves) != 1 || moves[0].Records != n || moves[0].Ledger != n {
@@ -496,5 +497,17 @@ func TestCopyRangeInBatches(t *testing.T) {
 	}
 	if l, r := c.rows("sa"); l != 0 || r != 0 {
 		t.Errorf("sa kept %d ledger rows and %d records of the moved range", l, r)
+	}
+}
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// testTransfer is a transfer attempt of key with keyspace id 42 (in "-80").
+func testTransfer(key string, amount int64) idem.TransferRequest {
+	return idem.TransferRequest{
+		Scope: "client-a:transfer", Key: key, RequestHash: fmt.Sprintf("hash-%d", amount),
+		KeyspaceID: 42, TransferID: "t-" + key, Client: "client-a",
+		Src: 1, Dst: 2, Amount: amount, Currency: "EUR",
+		Response: idem.Response{Status: 201, Headers: map[string]string{"Content-Type": "application/json"}, Body: fmt.Sprintf(`{"key":%q}`, key)},
 	}
 }

@@ -1,0 +1,80 @@
+// Package pgtest gives a test binary one real PostgreSQL server, started fresh as a local
+// process, and a new database on it per test: the storage tests of idem and rangemove run
+// against PostgreSQL itself, never a mock. Without server binaries the tests skip, except when
+// CI is set, where that is a failure: a skipped test tests nothing.
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shardgate/shardgate/internal/localpg"
+)
+
+var (
+	server    *localpg.Server
+	serverErr error
+	seq       atomic.Int64
+)
+
+// Main starts the server, runs the tests and stops it; call it from TestMain:
+// os.Exit(pgtest.Main(m)).
+func Main(m *testing.M) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	s, err := localpg.Start(ctx, localpg.Options{})
+	cancel()
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			fmt.Fprintf(os.Stderr, "CI is set and PostgreSQL could not start: %v\n", err)
+			return 1
+		}
+		serverErr = err
+		return m.Run()
+	}
+	defer s.Close()
+	server = s
+	return m.Run()
+}
+
+// NewDB creates an empty database named after the test (and suffix, which tells several
+// shards of one test apart) and returns a pool on it with room for the test's goroutines,
+// closed with the test. Without a server the test is skipped.
+func NewDB(t testing.TB, suffix string) *pgxpool.Pool {
+	t.Helper()
+	if server == nil {
+		t.Skipf("PostgreSQL server binaries not found: %v", serverErr)
+	}
+	ctx := context.Background()
+	name := fmt.Sprintf("t%d_%s%s", seq.Add(1), suffix, strings.ToLower(regexp.MustCompile(`[^A-Za-z0-9]+`).ReplaceAllString(t.Name(), "_")))
+	name = name[:min(len(name), 63)]
+	admin, err := pgx.Connect(ctx, server.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(server.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	u.RawQuery += "&pool_max_conns=20"
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}

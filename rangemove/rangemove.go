@@ -1,0 +1,428 @@
+// Package rangemove moves key ranges between shards: it makes the shards of a shard map own
+// exactly its ranges (`router shardmap apply`, and the last step of `router migrate`), copying
+// the idempotency records and ledger rows of every range that changes owner so that a retry on
+// the new owner replays instead of applying again. It coordinates the cluster from outside:
+// what runs on one shard (ownership rows, their phases, the key locks) is package idem's, and
+// the ranges are package shardmap's.
+package rangemove
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/partition"
+	"github.com/shardgate/shardgate/shardmap"
+)
+
+// ErrUnfinishedApply means a shard holds the state of an apply that stopped part-way, of
+// another version than the one being applied.
+var ErrUnfinishedApply = errors.New("an earlier shard map apply is unfinished")
+
+// ErrApplyRunning means another ApplyMap (router migrate or router shardmap apply) holds the
+// apply lock of a shard.
+var ErrApplyRunning = errors.New("another shard map apply is running")
+
+// MapDigest identifies what a map says about ownership: its version, and each shard's name and
+// ranges (DSNs are left out: they are secret, and do not decide who owns what).
+func MapDigest(m *shardmap.Map) string {
+	owned := m.Ownership()
+	names := make([]string, 0, len(m.Shards))
+	for _, s := range m.Shards {
+		names = append(names, s.Name)
+	}
+	slices.Sort(names)
+	h := sha256.New()
+	fmt.Fprintf(h, "version %d\n", m.Version)
+	for _, n := range names {
+		rs := shardmap.SortRanges(slices.Clone(owned[n]))
+		fmt.Fprintf(h, "%s %v\n", n, rs)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// MoveReport says what ApplyMap copied from one shard to another.
+type MoveReport struct {
+	From, To        string
+	Range           shardmap.KeyRange // the moving range on From (may be wider than what To gets)
+	Records, Ledger int64             // rows inserted on To
+	// Conflicts counts keys To already held for a different request: the same key was used
+	// for transfers from accounts on two shards. To's record wins; each is a key to look at.
+	Conflicts int64
+}
+
+// ApplyMap makes the shards of m own exactly their ranges under m.Version, moving the rows of
+// every key range that changes owner: (1) every shard revokes what it loses, so those ranges
+// are owned by nobody and their transfers get a retryable 503; (2) the idempotency records and
+// ledger rows of each revoked range are copied to the shards that now own it, so a retry there
+// replays instead of applying again; (3) every shard grants its new ranges; (4) every shard
+// forgets its moving ranges. If any step fails nothing later runs; running ApplyMap again
+// resumes, and so does applying a newer map, while an older one is refused. One ApplyMap runs at
+// a time: it holds an apply lock on every shard of m throughout, and fails at once with
+// ErrApplyRunning if another holds one. pool must return a pool for every shard of m, with a
+// connection to spare for the lock; iv is the partition interval, used to create partitions
+// for copied records.
+//
+// A shard missing from m is not touched: remove a shard only after a map without its ranges
+// has been applied.
+func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpool.Pool, iv partition.Interval) ([]MoveReport, error) {
+	unlock, err := takeApplyLocks(ctx, m, pool)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	stale, err := checkHolders(ctx, m, pool)
+	if err != nil {
+		return nil, err
+	}
+	// Finish the settle an earlier apply left undone, before its moving ranges could be mistaken
+	// for this apply's.
+	for _, name := range stale {
+		if err := idem.SettleStale(ctx, pool(name)); err != nil {
+			return nil, fmt.Errorf("shard %s: settle the unfinished earlier apply: %w", name, err)
+		}
+	}
+	owned := m.Ownership()
+	digest := MapDigest(m)
+	apply := func(phase idem.Phase) error {
+		for _, s := range m.Shards {
+			o := idem.Ownership{Shard: s.Name, MapVersion: m.Version, Ranges: owned[s.Name], Digest: digest}
+			if err := idem.ApplyOwnership(ctx, pool(s.Name), o, phase); err != nil {
+				return fmt.Errorf("shard %s: apply ownership of map version %d: %w", s.Name, m.Version, err)
+			}
+		}
+		return nil
+	}
+	if err := apply(idem.Revoke); err != nil {
+		return nil, err
+	}
+	var moves []MoveReport
+	for _, from := range m.Shards {
+		o, err := idem.ReadOwnership(ctx, pool(from.Name))
+		if err != nil {
+			return moves, fmt.Errorf("shard %s: %w", from.Name, err)
+		}
+		for _, r := range o.Moving {
+			for _, to := range m.Shards {
+				if to.Name == from.Name {
+					continue
+				}
+				for _, q := range owned[to.Name] {
+					part, ok := r.Intersect(q)
+					if !ok {
+						continue
+					}
+					mv := MoveReport{From: from.Name, To: to.Name, Range: r}
+					if err := copyRange(ctx, pool(from.Name), pool(to.Name), part, iv, &mv); err != nil {
+						return moves, fmt.Errorf("copy %s from %s to %s: %w", r, from.Name, to.Name, err)
+					}
+					moves = append(moves, mv)
+				}
+			}
+		}
+	}
+	if err := apply(idem.Grant); err != nil {
+		return moves, err
+	}
+	return moves, apply(idem.Settle)
+}
+
+// checkHolders refuses, before anything is changed, an apply that would lose track of rows or go
+// back: a shard whose DSN reaches the database of another shard; a shard that follows, or has
+// begun applying, a newer map; a shard where the apply of another version stopped part-way; a
+// shard that follows this version with other ranges; or, once the cluster has been given ownership, key ranges that no
+// shard of m holds (active or moving; copied ranges do not count) — they are held by a shard
+// missing from m, whose rows would be left behind and whose keys would then apply a second time
+// on their new owner.
+func checkHolders(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool) (stale []string, err error) {
+	owned := m.Ownership()
+	digest := MapDigest(m)
+	all := make([]idem.Ownership, len(m.Shards))
+	for i, s := range m.Shards {
+		if all[i], err = idem.ReadOwnership(ctx, pool(s.Name)); err != nil {
+			return nil, fmt.Errorf("shard %s: %w", s.Name, err)
+		}
+	}
+	var held []shardmap.KeyRange
+	initialized := false
+	for i, s := range m.Shards {
+		o := all[i]
+		if err := refuseOver(o, s.Name, m.Version, digest, owned[s.Name]); err != nil {
+			return nil, err
+		}
+		settle, holds, err := holdings(o, s.Name, m.Version, activeElsewhere(all, i))
+		if err != nil {
+			return nil, err
+		}
+		if settle {
+			stale = append(stale, s.Name)
+		}
+		held = append(held, holds...)
+		// A shard that has begun an apply, or holds any range, is part of a cluster already.
+		initialized = initialized || o.MapVersion > 0 || o.Applying > 0 ||
+			len(o.Ranges)+len(o.Moving)+len(o.Copied) > 0
+	}
+	if !initialized {
+		return stale, nil // a new cluster: nothing is held anywhere yet
+	}
+	if !shardmap.Covers(shardmap.SortRanges(held), shardmap.KeyRange{}) {
+		return nil, errors.New("some key ranges are held by no shard of this map: a shard removed from the map still owns them, " +
+			"or an apply that stopped has not granted them yet. Apply the stopped map again to finish it; " +
+			"to remove a shard, put it back with `ranges: []`, apply (its rows move to their new owners), and only then remove it")
+	}
+	return stale, nil
+}
+
+// activeElsewhere is the union of the ranges the shards other than all[i] are active on.
+func activeElsewhere(all []idem.Ownership, i int) []shardmap.KeyRange {
+	var rs []shardmap.KeyRange
+	for j, o := range all {
+		if j != i {
+			rs = append(rs, o.Ranges...)
+		}
+	}
+	return shardmap.SortRanges(rs)
+}
+
+// refuseOver refuses applying map version (with digest, giving the shard ranges) over what the
+// shard o records: another shard's database, a newer map, or the same version with other
+// contents.
+func refuseOver(o idem.Ownership, name string, version int64, digest string, ranges []shardmap.KeyRange) error {
+	if o.Shard != "" && o.Shard != name {
+		return fmt.Errorf("shard %s: its DSN reaches the database of shard %s; fix the DSN", name, o.Shard)
+	}
+	// Refused here, before any shard is revoked: a revoke of this map on some shards would
+	// leave their ranges owned by nobody until the newer map is applied.
+	if newest := max(o.MapVersion, o.Applying); newest > version {
+		return fmt.Errorf("shard %s: %w: it follows or has begun applying version %d, and this map is version %d; apply version %d or newer",
+			name, idem.ErrOlderMap, newest, version, newest)
+	}
+	// The same version with other contents, even on shards this map leaves out of its ranges,
+	// or leaves out altogether (seen on the others): two maps under one version could give one
+	// range to two shards.
+	if o.Applying == version && o.Digest != "" && o.Digest != digest {
+		return fmt.Errorf("shard %s: %w: version %d was applied, or begun, with another map (other shards or ranges); apply that exact map, or raise the version",
+			name, idem.ErrChangedMap, version)
+	}
+	if o.MapVersion == version && !shardmap.SameRanges(o.Ranges, ranges) {
+		return fmt.Errorf("shard %s: %w: it owns %v at version %d, the map gives it %v; raise the version",
+			name, idem.ErrChangedMap, o.Ranges, version, ranges)
+	}
+	return nil
+}
+
+// holdings says what shard o holds for an apply of version, and whether an earlier apply left
+// it to settle first. An apply stopped before its grant, of another version, is refused.
+func holdings(o idem.Ownership, name string, version int64, elsewhere []shardmap.KeyRange) (settle bool, held []shardmap.KeyRange, err error) {
+	switch {
+	case o.Applying > o.MapVersion && o.Applying != version && len(o.Ranges) == 0 && len(o.Copied) == 0 &&
+		shardmap.CoversAll(elsewhere, o.Moving):
+		// Revoked, not granted, and drained: every range it gave up is active elsewhere, which
+		// takes a grant, and an apply grants only after all its copies. So its rows are copies
+		// others hold (a drain stopped before this shard's grant): settle it. A shard holding
+		// copied ranges was to be granted them: it is no drain.
+		return true, nil, nil
+	case o.Applying > o.MapVersion && o.Applying != version:
+		// Revoked and not granted: the copies of that apply may be incomplete, so only the same
+		// map may go on from here.
+		return false, nil, fmt.Errorf("shard %s: %w: the apply of version %d stopped before its grant; apply that map again to finish it, then this one",
+			name, ErrUnfinishedApply, o.Applying)
+	case o.SettlePending() && o.Applying != version:
+		// Granted and not settled: its moving rows are copies their new owners hold, so they are
+		// not held here; this apply settles them first.
+		return true, o.Ranges, nil
+	}
+	return false, append(slices.Clone(o.Ranges), o.Moving...), nil
+}
+
+// takeApplyLocks takes the apply lock (a session advisory lock) on every shard of m, in name order,
+// each on a connection held until unlock. It fails at once, holding nothing, if a shard's lock is
+// taken: two applies that interleaved their phases could leave two shards owning one range. A
+// lock held by this very apply means two shards' DSNs reach one database, and says so.
+func takeApplyLocks(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool) (unlock func(), err error) {
+	type session struct {
+		shard string
+		conn  *pgxpool.Conn
+		id    string // backend pid and start time: unique on a server, and across servers in practice
+	}
+	var held []session
+	unlock = func() {
+		for _, s := range held {
+			if _, err := s.conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1, $2)", idem.LockClass, idem.LockApply); err != nil {
+				// The pool must not keep a session that may still hold the lock.
+				s.conn.Conn().Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing is the fallback
+			}
+			s.conn.Release()
+		}
+	}
+	names := make([]string, 0, len(m.Shards))
+	for _, s := range m.Shards {
+		names = append(names, s.Name)
+	}
+	slices.Sort(names)
+	const backend = "pg_backend_pid() || '@' || (SELECT extract(epoch FROM backend_start) FROM pg_stat_activity WHERE pid = pg_backend_pid())"
+	for _, name := range names {
+		c, err := pool(name).Acquire(ctx)
+		if err != nil {
+			unlock()
+			return nil, fmt.Errorf("shard %s: %w", name, err)
+		}
+		var ok bool
+		var id string
+		err = c.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2), "+backend, idem.LockClass, idem.LockApply).Scan(&ok, &id)
+		if err == nil && !ok {
+			err = fmt.Errorf("%w there (router migrate or router shardmap apply); wait for it to finish, then run this again", ErrApplyRunning)
+			var holder *string
+			if qerr := c.QueryRow(ctx, `SELECT a.pid || '@' || extract(epoch FROM a.backend_start) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+				WHERE l.locktype = 'advisory' AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 AND l.granted
+				  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`, idem.LockClass, idem.LockApply).Scan(&holder); qerr == nil && holder != nil {
+				for _, h := range held {
+					if h.id == *holder {
+						err = fmt.Errorf("its DSN reaches the database of shard %s; fix the DSN", h.shard)
+					}
+				}
+			}
+		}
+		if err != nil {
+			c.Release()
+			unlock()
+			return nil, fmt.Errorf("shard %s: %w", name, err)
+		}
+		held = append(held, session{shard: name, conn: c, id: id})
+	}
+	return unlock, nil
+}
+
+// copyBatch is how many idempotency records copyRange copies per transaction: each holds its
+// key's advisory lock until commit, and the lock table is shared by the whole server.
+const copyBatch = 500
+
+const (
+	recordCols = "key, scope, request_hash, keyspace_id, response, state, created_at"
+	ledgerCols = "transfer_id, keyspace_id, account_id, counterparty_id, amount, currency, kind, reference, client, created_at"
+	inRange    = "keyspace_id >= $1 AND ($2::bigint IS NULL OR keyspace_id < $2)"
+)
+
+// copyRange copies the idempotency records and ledger rows whose keyspace id is in r from src to
+// dst, skipping rows dst already has, so it can run again after an interruption. No shard owns
+// r meanwhile, but dst serves its other ranges: each record is inserted under its key's lock
+// (shardgate_copy_records), so a transfer there reusing the key cannot add a second record.
+// Each transaction also lists r on dst as a copied range, so rows copied by an apply that never
+// reaches its grant are deleted when a later apply settles, instead of being left behind; a
+// copied range is not held, so it cannot stand in for the shard the rows were copied from.
+func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, iv partition.Interval, mv *MoveReport) error {
+	lo, hi := idem.Bounds(r)
+	var oldest, newest *time.Time
+	if err := src.QueryRow(ctx, "SELECT min(created_at), max(created_at) FROM idempotency_record WHERE "+inRange, lo, hi).Scan(&oldest, &newest); err != nil {
+		return err
+	}
+	if oldest != nil {
+		n := 0
+		for p := partition.At(iv, *oldest); p.To.Before(*newest) || p.To.Equal(*newest); p = partition.At(iv, p.To) {
+			n++
+		}
+		if _, err := idem.EnsurePartitions(ctx, dst, iv, *oldest, n); err != nil {
+			return fmt.Errorf("partitions for copied records: %w", err)
+		}
+	}
+	// Records, a batch per transaction, in (scope, key) order.
+	var after *[2]string
+	for {
+		args := []any{lo, hi, nil, nil}
+		if after != nil {
+			args[2], args[3] = after[0], after[1]
+		}
+		q := fmt.Sprintf("SELECT %s FROM idempotency_record WHERE %s AND ($3::text IS NULL OR (scope, key) > ($3, $4)) ORDER BY scope, key LIMIT %d",
+			recordCols, inRange, copyBatch)
+		var n int
+		var last [2]string // the source's last (scope, key): the source's order decides the next page
+		onRow := func(vals []any) { last[0], last[1] = vals[1].(string), vals[0].(string) }
+		done, err := copyInto(ctx, src, dst, r, "idempotency_record", recordCols, q, args, onRow, func(ctx context.Context, tx pgx.Tx, rows int) error {
+			n = rows
+			var inserted, conflicts int64
+			if err := tx.QueryRow(ctx, "SELECT inserted, conflicts FROM shardgate_copy_records()").Scan(&inserted, &conflicts); err != nil {
+				return err
+			}
+			mv.Records += inserted
+			mv.Conflicts += conflicts
+			return nil
+		})
+		if err != nil || done {
+			return err
+		}
+		if n < copyBatch {
+			break
+		}
+		after = &last
+	}
+	// Ledger rows: their unique (transfer_id, kind) settles any race, so one statement does.
+	_, err := copyInto(ctx, src, dst, r, "ledger_entries", ledgerCols, fmt.Sprintf("SELECT %s FROM ledger_entries WHERE %s", ledgerCols, inRange), []any{lo, hi}, nil,
+		func(ctx context.Context, tx pgx.Tx, _ int) error {
+			tag, err := tx.Exec(ctx, fmt.Sprintf("INSERT INTO ledger_entries (%[1]s) SELECT %[1]s FROM moving_rows ON CONFLICT (transfer_id, kind) DO NOTHING", ledgerCols))
+			mv.Ledger += tag.RowsAffected()
+			return err
+		})
+	return err
+}
+
+// copyInto runs one copy transaction on dst: it stages the rows query returns from src in the
+// temporary table moving_rows (cols of table), passing each to onRow unless it is nil, and if
+// any were staged lists r on dst as copied and calls insert with their number. done is true, and nothing is copied, when dst already serves part of r:
+// an apply run again after its grant, whose copy was made and whose new rows are dst's own.
+func copyInto(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, table, cols, query string, args []any,
+	onRow func([]any), insert func(ctx context.Context, tx pgx.Tx, rows int) error) (done bool, err error) {
+	lo, hi := idem.Bounds(r)
+	err = pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1, $2)", idem.LockClass, idem.LockOwnership); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM shardgate_owned_range
+			WHERE active AND ($2::bigint IS NULL OR lo < $2) AND (hi IS NULL OR hi > $1))`, lo, hi).Scan(&done); err != nil || done {
+			return err
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE TEMP TABLE moving_rows ON COMMIT DROP AS SELECT %s FROM %s WITH NO DATA", cols, table)); err != nil {
+			return err
+		}
+		rows, err := src.Query(ctx, query, args...)
+		if err != nil {
+			return err
+		}
+		n, err := tx.CopyFrom(ctx, pgx.Identifier{"moving_rows"}, splitCols(cols), pgx.CopyFromFunc(func() ([]any, error) {
+			if !rows.Next() {
+				return nil, rows.Err()
+			}
+			vals, err := rows.Values()
+			if err == nil && onRow != nil {
+				onRow(vals)
+			}
+			return vals, err
+		}))
+		rows.Close()
+		if err != nil || n == 0 {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO shardgate_owned_range (key_range, lo, hi, active, copied) VALUES ($1, $2, $3, false, true)
+			ON CONFLICT (key_range) DO NOTHING`, r.String(), lo, hi); err != nil {
+			return err
+		}
+		return insert(ctx, tx, int(n))
+	})
+	return done, err
+}
+
+func splitCols(cols string) []string {
+	parts := strings.Split(cols, ",")
+	for i := range parts {
+		parts[i] = strings.TrimSpace(parts[i])
+	}
+	return parts
+}
