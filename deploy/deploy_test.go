@@ -18,13 +18,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"gopkg.in/yaml.v3"
 
 	"github.com/shardgate/shardgate/config"
-	"github.com/shardgate/shardgate/router"
+	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/shardmap"
-	"github.com/shardgate/shardgate/topology"
 )
 
 // object is the part of a Kubernetes object these tests read. Unknown fields are ignored: the
@@ -545,21 +543,20 @@ func routerMetrics(t *testing.T) map[string]bool {
 	if err := os.WriteFile(mapPath, []byte(mapYAML), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := config.Parse(filepath.Join(dir, "router.yaml"), []byte("auth:\n  mode: none\nshard_pool:\n  connect_timeout: 500ms\n"))
+	cfgPath := filepath.Join(dir, "router.yaml")
+	if err := os.WriteFile(cfgPath, []byte("auth:\n  mode: none\nshard_pool:\n  connect_timeout: 500ms\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, m, err := service.Load(cfgPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := shardmap.Load(mapPath)
+	svc, err := service.New(cfg, m, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	topo, err := topology.Open(m, nil, cfg.ShardPool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	srv := router.New(cfg, topo, slog.New(slog.DiscardHandler), reg)
-	defer func() { srv.Topology().Close() }()
+	defer svc.Close()
+	srv, reg := svc.Router, svc.Registry
 	for _, body := range []string{`{"src": 1}`, `{"src": 1, "dst": 2, "amount": 3}`} {
 		req := httptest.NewRequest(http.MethodPost, "/transfers", strings.NewReader(body))
 		req.Header.Set("Idempotency-Key", "deploy-test")

@@ -53,8 +53,8 @@ func MapDigest(m *shardmap.Map) string {
 // MoveReport says what ApplyMap copied from one shard to another.
 type MoveReport struct {
 	From, To        string
-	Range           shardmap.KeyRange // the moving range on From (may be wider than what To gets)
-	Records, Ledger int64             // rows inserted on To
+	Range           shardmap.KeyRange // the part of a range From held that To now owns
+	Records, Ledger int64             // rows inserted on To (by Plan: rows From holds there)
 	// Conflicts counts keys To already held for a different request: the same key was used
 	// for transfers from accounts on two shards. To's record wins; each is a key to look at.
 	Conflicts int64
@@ -105,35 +105,69 @@ func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgx
 	if err := apply(idem.Revoke); err != nil {
 		return nil, err
 	}
+	planned, err := plan(ctx, m, pool)
+	if err != nil {
+		return nil, err
+	}
 	var moves []MoveReport
-	for _, from := range m.Shards {
-		o, err := idem.ReadOwnership(ctx, pool(from.Name))
-		if err != nil {
-			return moves, fmt.Errorf("shard %s: %w", from.Name, err)
+	for _, mv := range planned {
+		if err := copyRange(ctx, pool(mv.From), pool(mv.To), mv.Range, iv, &mv); err != nil {
+			return moves, fmt.Errorf("copy %s from %s to %s: %w", mv.Range, mv.From, mv.To, err)
 		}
-		for _, r := range o.Moving {
-			for _, to := range m.Shards {
-				if to.Name == from.Name {
-					continue
-				}
-				for _, q := range owned[to.Name] {
-					part, ok := r.Intersect(q)
-					if !ok {
-						continue
-					}
-					mv := MoveReport{From: from.Name, To: to.Name, Range: r}
-					if err := copyRange(ctx, pool(from.Name), pool(to.Name), part, iv, &mv); err != nil {
-						return moves, fmt.Errorf("copy %s from %s to %s: %w", r, from.Name, to.Name, err)
-					}
-					moves = append(moves, mv)
-				}
-			}
-		}
+		moves = append(moves, mv)
 	}
 	if err := apply(idem.Grant); err != nil {
 		return moves, err
 	}
 	return moves, apply(idem.Settle)
+}
+
+// plan lists the moves m makes: every part of a range a shard holds (active or moving) that
+// another shard of m owns, with the rows still to be counted or copied.
+func plan(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool) ([]MoveReport, error) {
+	owned := m.Ownership()
+	var moves []MoveReport
+	for _, from := range m.Shards {
+		o, err := idem.ReadOwnership(ctx, pool(from.Name))
+		if err != nil {
+			return nil, fmt.Errorf("shard %s: %w", from.Name, err)
+		}
+		for _, r := range append(o.Ranges, o.Moving...) {
+			for _, to := range m.Shards {
+				if to.Name == from.Name {
+					continue
+				}
+				for _, q := range owned[to.Name] {
+					if part, ok := r.Intersect(q); ok {
+						moves = append(moves, MoveReport{From: from.Name, To: to.Name, Range: part})
+					}
+				}
+			}
+		}
+	}
+	return moves, nil
+}
+
+// Plan says what ApplyMap(m) would do, and changes nothing: it refuses what ApplyMap would
+// refuse before starting, and otherwise returns the moves, each with the rows From holds in
+// its range now (Conflicts is not known before the copy).
+func Plan(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpool.Pool) ([]MoveReport, error) {
+	if _, err := checkHolders(ctx, m, pool); err != nil {
+		return nil, err
+	}
+	moves, err := plan(ctx, m, pool)
+	if err != nil {
+		return nil, err
+	}
+	for i, mv := range moves {
+		lo, hi := idem.Bounds(mv.Range)
+		err := pool(mv.From).QueryRow(ctx, `SELECT (SELECT count(*) FROM idempotency_record WHERE `+inRange+`),
+			(SELECT count(*) FROM ledger_entries WHERE `+inRange+`)`, lo, hi).Scan(&moves[i].Records, &moves[i].Ledger)
+		if err != nil {
+			return nil, fmt.Errorf("shard %s: %w", mv.From, err)
+		}
+	}
+	return moves, nil
 }
 
 // checkHolders refuses, before anything is changed, an apply that would lose track of rows or go

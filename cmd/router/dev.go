@@ -2,76 +2,184 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/shardgate/shardgate/config"
+	"github.com/shardgate/shardgate/internal/service"
+	"github.com/shardgate/shardgate/shardmap"
 )
 
 // dev runs a local sandbox: PostgreSQL shards as local processes (no Docker), a generated
-// router.yaml and shardmap.yaml, migrations, and the router serving until Ctrl-C.
+// router.yaml and shardmap.yaml, migrations, and the router serving until Ctrl-C. A sandbox kept
+// with --dir starts again as it was left: its data, its router.yaml and its shard map, edited
+// or not (a moved range, a raised version); only the shards' ports, which are picked anew,
+// are written into the map.
 func dev(ctx context.Context, args []string, out io.Writer, log *slog.Logger) error {
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	n := fs.Int("shards", 2, "number of local PostgreSQL shards (1-16)")
+	n := fs.Int("shards", 2, "number of local PostgreSQL shards (1-16); a kept sandbox keeps its own number")
 	listen := fs.String("listen", "127.0.0.1:8080", "address to serve on")
-	dir := fs.String("dir", "", "directory for shard data and generated config (default: a temporary directory, removed on exit)")
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%w: dev: %v", errUsage, err)
+	dir := fs.String("dir", "", "directory for shard data, router.yaml and shardmap.yaml, kept across runs (default: a temporary directory, removed on exit)")
+	if err := parseFlags(fs, args, out); err != nil {
+		return err
 	}
 	if *n < 1 || *n > 16 {
 		return fmt.Errorf("%w: dev: --shards must be between 1 and 16", errUsage)
+	}
+	base := *dir
+	if base == "" {
+		var err error
+		if base, err = os.MkdirTemp("", "shardgate-dev-"); err != nil {
+			return err
+		}
+		defer os.RemoveAll(base)
+	}
+	sb := sandbox{dir: base}
+	if err := sb.checkShardCount(*n, fs); err != nil {
+		return err
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("dev: %w (choose another with --listen)", err)
 	}
-	base := *dir
-	if base == "" {
-		if base, err = os.MkdirTemp("", "shardgate-dev-"); err != nil {
-			ln.Close()
-			return err
-		}
-		defer os.RemoveAll(base)
-	}
-
-	fmt.Fprintf(out, "starting %d PostgreSQL shards under %s ...\n", *n, base)
-	dsns, stopShards, err := startDevShards(ctx, *n, filepath.Join(base, "shards"))
+	fmt.Fprintf(out, "starting %d PostgreSQL shards under %s ...\n", sb.shards(*n), base)
+	dsns, stopShards, err := startDevShards(ctx, sb.shards(*n), filepath.Join(base, "shards"))
 	if err != nil {
 		ln.Close()
 		return err
 	}
 	defer stopShards()
-
-	cfgPath := filepath.Join(base, "router.yaml")
-	if err := os.WriteFile(filepath.Join(base, "shardmap.yaml"), []byte(devShardmap(dsns)), 0o600); err != nil {
-		ln.Close()
-		return err
+	cfg, m, err := sb.write(dsns, *listen)
+	if err == nil {
+		err = service.Migrate(ctx, cfg, m, out)
 	}
-	if err := os.WriteFile(cfgPath, []byte(devRouterYAML(*listen)), 0o600); err != nil {
-		ln.Close()
-		return err
-	}
-	cfg, m, err := loadConfig(cfgPath)
 	if err != nil {
 		ln.Close()
 		return err
 	}
-	if err := migrate(ctx, cfg, m, out); err != nil {
-		ln.Close()
-		return err
-	}
 	return serveOn(ctx, ln, cfg, m, log, func(addr string) {
-		fmt.Fprintf(out, devBanner, cfgPath, addr, addr, addr)
+		fmt.Fprintf(out, devBanner, sb.path("router.yaml"), sb.path("shardmap.yaml"), addr, addr, addr, sb.path("shardmap.yaml"))
 	})
 }
 
+// sandbox is the directory of `router dev`: shards/, router.yaml and shardmap.yaml.
+type sandbox struct{ dir string }
+
+func (sb sandbox) path(name string) string { return filepath.Join(sb.dir, name) }
+
+// kept returns the shard map a kept sandbox has, or nil for a new one.
+func (sb sandbox) kept() (*yaml.Node, error) {
+	data, err := os.ReadFile(sb.path("shardmap.yaml"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil || len(doc.Content) == 0 {
+		return nil, fmt.Errorf("dev: %s is not YAML (%v); fix it, or start a new sandbox with another --dir", sb.path("shardmap.yaml"), err)
+	}
+	return &doc, nil
+}
+
+// shards is how many shards the sandbox runs: a kept sandbox's own number, else n.
+func (sb sandbox) shards(n int) int {
+	if doc, _ := sb.kept(); doc != nil {
+		return len(shardNodes(doc))
+	}
+	return n
+}
+
+// checkShardCount refuses a --shards that a kept sandbox cannot honour: its map and data are
+// for the shards it has.
+func (sb sandbox) checkShardCount(n int, fs *flag.FlagSet) error {
+	doc, err := sb.kept()
+	if err != nil || doc == nil {
+		return err
+	}
+	have := len(shardNodes(doc))
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "shards" })
+	if set && n != have {
+		return fmt.Errorf("%w: dev: the sandbox in %s has %d shards; run it with --shards %d (or without --shards), or start a new sandbox with another --dir",
+			errUsage, sb.dir, have, have)
+	}
+	return nil
+}
+
+// write gives a new sandbox its router.yaml and shard map, or points a kept sandbox's map at
+// the shards' new ports, keeping everything else, and loads both.
+func (sb sandbox) write(dsns []string, listen string) (*config.Config, *shardmap.Map, error) {
+	doc, err := sb.kept()
+	if err != nil {
+		return nil, nil, err
+	}
+	mapYAML := []byte(devShardmap(dsns))
+	if doc != nil {
+		for i, shard := range shardNodes(doc) {
+			if dsn := mappingValue(shard, "dsn"); dsn != nil && i < len(dsns) {
+				dsn.Value, dsn.Style = dsns[i], 0
+			}
+		}
+		if mapYAML, err = yaml.Marshal(doc); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := writeFileAtomic(sb.path("shardmap.yaml"), mapYAML); err != nil {
+		return nil, nil, err
+	}
+	if _, err := os.Stat(sb.path("router.yaml")); errors.Is(err, fs.ErrNotExist) {
+		if err := writeFileAtomic(sb.path("router.yaml"), []byte(devRouterYAML(listen))); err != nil {
+			return nil, nil, err
+		}
+	}
+	return service.Load(sb.path("router.yaml"))
+}
+
+// shardNodes returns the entries of the map's shards list.
+func shardNodes(doc *yaml.Node) []*yaml.Node {
+	if shards := mappingValue(doc.Content[0], "shards"); shards != nil && shards.Kind == yaml.SequenceNode {
+		return shards.Content
+	}
+	return nil
+}
+
+// mappingValue returns the value of key in a YAML mapping node, or nil.
+func mappingValue(n *yaml.Node, key string) *yaml.Node {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}
+
+// writeFileAtomic replaces path by a rename, so that a router watching it never reads it
+// half-written.
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
 const devBanner = `
-shardgate dev sandbox is up (config: %s). Try:
+shardgate dev sandbox is up (config: %s, shard map: %s). Try:
 
   curl -si -X POST http://%s/transfers \
     -H 'Idempotency-Key: 9f1c2d64-0a1e-4f7c-9d2b-3d8e5c1a77f0' \
@@ -80,6 +188,9 @@ shardgate dev sandbox is up (config: %s). Try:
 
 Run it twice: the second answer is the first replayed (Idempotent-Replayed: true).
 Route of an account: curl -s 'http://%s/admin/route?account=8842'   Metrics: http://%s/metrics
+To move a range: edit %s (give the range to another shard, raise version; write the
+file by rename or save it whole), then run 'router shardmap apply --config <config>'. Between
+the edit and the apply, transfers in the moving range get 503 shard-map-changing.
 Ctrl-C stops the router and the shards.
 
 `

@@ -11,11 +11,12 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/shardgate/shardgate/config"
+	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/shardmap"
-	"github.com/shardgate/shardgate/topology"
 )
 
 const usage = `usage: router <command> [flags]
@@ -27,16 +28,30 @@ commands:
   shardmap check FILE                    validate a shard map
   shardmap route FILE ACCOUNT            show which shard owns an account
   shardmap diff OLD NEW                  show what changes between two maps
-  shardmap apply --config router.yaml    make the shards own the map's ranges (revoke, move rows, grant)
-  dev [--shards N] [--listen ADDR]       local sandbox: PostgreSQL shards as local processes, migrated, served
+  shardmap apply --config router.yaml [--dry-run]
+                                         make the shards own the map's ranges (revoke, move rows, grant)
+  dev [--shards N] [--listen ADDR] [--dir DIR]
+                                         local sandbox: PostgreSQL shards as local processes, migrated, served;
+                                         with --dir the sandbox (data and edited shard map) is kept across runs
+  version                                print the build's version
+
+Run 'router <command> --help' for a command's flags.
 `
+
+// version is the release, set with -ldflags "-X main.version=v1.2.3"; otherwise the module
+// version or VCS revision the binary was built from.
+var version = ""
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// errUsage marks errors in how the command was called (exit status 2).
-var errUsage = errors.New("usage")
+// errUsage marks errors in how the command was called (exit status 2); errHelp a --help that
+// was answered (exit status 0).
+var (
+	errUsage = errors.New("usage")
+	errHelp  = errors.New("help shown")
+)
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
@@ -50,46 +65,43 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var err error
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "shardmap":
-		if len(rest) > 0 && rest[0] == "apply" {
-			err = withConfig("shardmap apply", rest[1:], func(cfg *config.Config, m *shardmap.Map, _ *flag.FlagSet) error {
-				topo, err := topology.OpenForCommand(m, cfg.ShardPool)
-				if err != nil {
-					return err
-				}
-				defer topo.Close()
-				return applyMap(ctx, cfg, m, topo.Pool, stdout)
-			})
-			break
-		}
-		return runShardmap(rest, stdout, stderr)
+		return runShardmap(ctx, rest, stdout, stderr)
 	case "serve":
-		err = withConfig(cmd, rest, func(cfg *config.Config, m *shardmap.Map, _ *flag.FlagSet) error {
+		err = withConfig(cmd, rest, stdout, func(cfg *config.Config, m *shardmap.Map) error {
 			return serve(ctx, cfg, m, log)
 		})
 	case "migrate":
-		err = withConfig(cmd, rest, func(cfg *config.Config, m *shardmap.Map, _ *flag.FlagSet) error {
-			return migrate(ctx, cfg, m, stdout)
+		err = withConfig(cmd, rest, stdout, func(cfg *config.Config, m *shardmap.Map) error {
+			return service.Migrate(ctx, cfg, m, stdout)
 		})
 	case "maintain":
 		var once bool
-		err = withConfig(cmd, rest, func(cfg *config.Config, m *shardmap.Map, fs *flag.FlagSet) error {
+		err = withConfig(cmd, rest, stdout, func(cfg *config.Config, m *shardmap.Map) error {
 			if !once {
 				return fmt.Errorf("%w: maintain needs --once (serve runs upkeep on a schedule)", errUsage)
 			}
-			return maintainOnce(ctx, cfg, m, stdout)
+			return service.Maintain(ctx, cfg, m, stdout)
 		}, func(fs *flag.FlagSet) { fs.BoolVar(&once, "once", false, "run one pass and exit") })
 	case "dev":
 		err = dev(ctx, rest, stdout, log)
+	case "version", "--version":
+		fmt.Fprintln(stdout, "router", buildVersion())
+		return 0
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:
 		err = fmt.Errorf("%w: unknown command %q", errUsage, cmd)
 	}
-	if err == nil {
+	return exitStatus(err, stderr)
+}
+
+// exitStatus prints err as one line and returns the process's exit status.
+func exitStatus(err error, stderr io.Writer) int {
+	switch {
+	case err == nil, errors.Is(err, errHelp):
 		return 0
-	}
-	if errors.Is(err, errUsage) {
+	case errors.Is(err, errUsage):
 		fmt.Fprintf(stderr, "router: %v (run `router help` for usage)\n", err)
 		return 2
 	}
@@ -97,36 +109,58 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 1
 }
 
+// parseFlags parses a command's flags. --help prints them to stdout and returns errHelp; any
+// other mistake, or a stray argument, is a usage error.
+func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintf(stdout, "usage: router %s [flags]\n\nflags:\n", fs.Name())
+		fs.SetOutput(stdout)
+		fs.PrintDefaults()
+		return errHelp
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", errUsage, fs.Name(), err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: %s: unexpected argument %q", errUsage, fs.Name(), fs.Arg(0))
+	}
+	return nil
+}
+
 // withConfig parses `--config FILE` (plus any extra flags), loads router.yaml and the shard map
 // it names, and calls fn.
-func withConfig(cmd string, args []string, fn func(*config.Config, *shardmap.Map, *flag.FlagSet) error, extra ...func(*flag.FlagSet)) error {
+func withConfig(cmd string, args []string, stdout io.Writer, fn func(*config.Config, *shardmap.Map) error, extra ...func(*flag.FlagSet)) error {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
 	path := fs.String("config", "router.yaml", "router.yaml to use")
 	for _, e := range extra {
 		e(fs)
 	}
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%w: %s: %v", errUsage, cmd, err)
+	if err := parseFlags(fs, args, stdout); err != nil {
+		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: %s: unexpected argument %q", errUsage, cmd, fs.Arg(0))
-	}
-	cfg, m, err := loadConfig(*path)
+	cfg, m, err := service.Load(*path)
 	if err != nil {
 		return err
 	}
-	return fn(cfg, m, fs)
+	return fn(cfg, m)
 }
 
-func loadConfig(path string) (*config.Config, *shardmap.Map, error) {
-	cfg, err := config.Load(path)
-	if err != nil {
-		return nil, nil, err
+// buildVersion is version, or what the Go toolchain recorded about the build.
+func buildVersion() string {
+	if version != "" {
+		return version
 	}
-	m, err := shardmap.Load(cfg.ShardmapPath)
-	if err != nil {
-		return nil, nil, err
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(unknown)"
 	}
-	return cfg, m, nil
+	v := info.Main.Version
+	for _, s := range info.Settings {
+		if s.Key == "vcs.revision" {
+			v += " " + s.Value
+		}
+	}
+	return v + " " + info.GoVersion
 }

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/shardgate/shardgate/config"
+	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/shardmap"
 )
 
@@ -182,7 +183,7 @@ func TestServeReloadsOnFileChange(t *testing.T) {
 	f.write(2, `"-"`) // at once, same size: only the content differs
 	waitVersion(2)
 	f.write(3, `"-80"`) // invalid: a gap; refused, version 2 keeps serving
-	time.Sleep(3 * mapPollInterval)
+	time.Sleep(3 * service.MapPollInterval)
 	if v := version(); v != 2 {
 		t.Fatalf("after an invalid map: serving version %d, want 2", v)
 	}
@@ -192,8 +193,8 @@ func TestServeReloadsOnFileChange(t *testing.T) {
 
 // SIGHUP reloads the map, with the file watch taken out of the way.
 func TestServeReloadsOnSIGHUP(t *testing.T) {
-	mapPollInterval = time.Hour
-	t.Cleanup(func() { mapPollInterval = time.Second })
+	service.MapPollInterval = time.Hour
+	t.Cleanup(func() { service.MapPollInterval = time.Second })
 	f, waitVersion, version := startReloadServe(t)
 	f.write(2, `"-"`)
 	time.Sleep(500 * time.Millisecond)

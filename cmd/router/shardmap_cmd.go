@@ -1,11 +1,15 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"strconv"
 
+	"github.com/shardgate/shardgate/config"
+	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/shardmap"
 )
 
@@ -21,19 +25,25 @@ const (
 const shardmapUsage = `usage:
   router shardmap check FILE          validate a shard map and report every problem
   router shardmap route FILE ACCOUNT  show the keyspace id, range and shard of ACCOUNT
-  router shardmap diff OLD NEW        show what replacing map OLD by NEW changes`
+  router shardmap diff OLD NEW        show what replacing map OLD by NEW changes
+  router shardmap apply --config router.yaml [--dry-run]
+                                      make the shards own the ranges of the map router.yaml names,
+                                      moving rows; --dry-run prints the plan and changes nothing`
 
-// runShardmap implements `router shardmap check FILE`, `router shardmap
-// route FILE ACCOUNT` and `router shardmap diff OLD NEW`; args are the
+// runShardmap implements `router shardmap check FILE`, `route FILE ACCOUNT`,
+// `diff OLD NEW` and `apply --config FILE [--dry-run]`; args are the
 // arguments after "shardmap". It returns the process exit status: 0 on
 // success, 1 for a problem found (an invalid or unreadable map, or a diff
 // whose new version does not increase) and 2 for a usage error. Results go
 // to stdout, errors to stderr.
-func runShardmap(args []string, stdout, stderr io.Writer) int {
+func runShardmap(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		return usageError(stderr, "missing subcommand")
 	}
 	sub, rest := args[0], args[1:]
+	if sub == "apply" {
+		return exitStatus(shardmapApply(ctx, rest, stdout), stderr)
+	}
 	want := map[string]int{"check": 1, "route": 2, "diff": 2}
 	switch n, known := want[sub]; {
 	case sub == "help" || sub == "-h" || sub == "--help":
@@ -119,4 +129,18 @@ func loadShardmap(sub, path string, stderr io.Writer) (*shardmap.Map, bool) {
 		fmt.Fprintf(stderr, "router shardmap %s: %v\n", sub, err)
 	}
 	return nil, false
+}
+
+// shardmapApply makes the shards own the ranges of the map router.yaml names; with --dry-run
+// it prints what that would move, and changes nothing.
+func shardmapApply(ctx context.Context, args []string, stdout io.Writer) error {
+	var dryRun bool
+	return withConfig("shardmap apply", args, stdout, func(cfg *config.Config, m *shardmap.Map) error {
+		if dryRun {
+			return service.PlanMap(ctx, cfg, m, stdout)
+		}
+		return service.ApplyMap(ctx, cfg, m, stdout)
+	}, func(fs *flag.FlagSet) {
+		fs.BoolVar(&dryRun, "dry-run", false, "print the plan (ranges, shards, rows to move) and change nothing")
+	})
 }

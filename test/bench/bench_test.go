@@ -43,11 +43,10 @@ import (
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/internal/localpg"
+	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/rangemove"
 	"github.com/shardgate/shardgate/router"
-	"github.com/shardgate/shardgate/shardmap"
-	"github.com/shardgate/shardgate/topology"
 )
 
 var (
@@ -365,28 +364,24 @@ func setup(ctx context.Context, b *testing.B, s settings) *fixture {
 	if err := os.WriteFile(cfgPath, []byte(cfgYAML), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	cfg, err := config.Load(cfgPath)
-	if err != nil {
-		b.Fatal(err)
-	}
-	m, err := shardmap.Load(cfg.ShardmapPath)
+	cfg, m, err := service.Load(cfgPath)
 	if err != nil {
 		b.Fatal(err)
 	}
 	if _, err := rangemove.ApplyMap(ctx, m, func(string) *pgxpool.Pool { return f.admin }, partition.Daily); err != nil {
 		b.Fatal(err)
 	}
-	topo, err := topology.Open(m, nil, cfg.ShardPool)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(topo.Close)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	f.metrics = prometheus.NewRegistry()
-	srv := router.New(cfg, topo, log, f.metrics)
+	svc, err := service.New(cfg, m, log)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(svc.Close)
+	f.metrics = svc.Registry
+	srv := svc.Router
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -21,8 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardgate/shardgate/config"
-	"github.com/shardgate/shardgate/idem"
-	"github.com/shardgate/shardgate/rangemove"
+	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardgatetest"
 	"github.com/shardgate/shardgate/shardmap"
@@ -394,16 +393,7 @@ func startBankRouter(ctx context.Context, t *testing.T, c *shardgatetest.Cluster
 	if rt.m, err = shardmap.Parse("shardmap.yaml", shardMap((*shardgatetest.Shard).DSN), nil); err != nil {
 		t.Fatal(err)
 	}
-	pools := rt.assertionPools(ctx, t)
-	for name, p := range pools {
-		if _, err := idem.Migrate(ctx, p); err != nil {
-			t.Fatalf("migrate %s: %v", name, err)
-		}
-		if _, err := idem.EnsurePartitions(ctx, p, rt.cfg.Idempotency.PartitionInterval, time.Now(), 2); err != nil {
-			t.Fatalf("partitions %s: %v", name, err)
-		}
-	}
-	if _, err := rangemove.ApplyMap(ctx, rt.m, func(s string) *pgxpool.Pool { return pools[s] }, rt.cfg.Idempotency.PartitionInterval); err != nil {
+	if err := service.Migrate(ctx, rt.cfg, rt.m, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if rt.Router, err = c.StartRouter(ctx, routerYAML, shardMap((*shardgatetest.Shard).NetworkDSN)); err != nil {

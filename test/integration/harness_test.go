@@ -22,16 +22,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardgate/shardgate/config"
-	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/internal/localpg"
-	"github.com/shardgate/shardgate/partition"
-	"github.com/shardgate/shardgate/rangemove"
+	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardmap"
-	"github.com/shardgate/shardgate/topology"
 )
 
 // numShards is how many PostgreSQL shards the suite runs against.
@@ -126,14 +122,10 @@ func setup(m *testing.M) (int, error) {
 	if err := os.WriteFile(cfgPath, []byte(routerYAML), 0o600); err != nil {
 		return 0, err
 	}
-	if env.cfg, err = config.Load(cfgPath); err != nil {
+	if env.cfg, env.m, err = service.Load(cfgPath); err != nil {
 		return 0, err
 	}
-	if env.m, err = shardmap.Load(env.mapPath); err != nil {
-		return 0, err
-	}
-	topo, err := topology.Open(env.m, nil, env.cfg.ShardPool)
-	if err != nil {
+	if err := service.Migrate(ctx, env.cfg, env.m, io.Discard); err != nil {
 		return 0, err
 	}
 	env.pools = map[string]*pgxpool.Pool{}
@@ -142,25 +134,20 @@ func setup(m *testing.M) (int, error) {
 			return 0, err
 		}
 		defer env.pools[s.Name].Close()
-		if _, err := idem.Migrate(ctx, env.pools[s.Name]); err != nil {
-			return 0, err
-		}
-		if _, err := idem.EnsurePartitions(ctx, env.pools[s.Name], partition.Daily, time.Now(), 2); err != nil {
-			return 0, err
-		}
-	}
-	if _, err := rangemove.ApplyMap(ctx, env.m, func(s string) *pgxpool.Pool { return env.pools[s] }, partition.Daily); err != nil {
-		return 0, err
 	}
 	var logOut io.Writer = &env.logs
 	if testing.Verbose() {
 		logOut = io.MultiWriter(&env.logs, os.Stderr)
 	}
 	env.log = slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	env.srv = router.New(env.cfg, topo, env.log, prometheus.NewRegistry())
+	svc, err := service.New(env.cfg, env.m, env.log)
+	if err != nil {
+		return 0, err
+	}
+	env.srv = svc.Router
 	hs := httptest.NewServer(env.srv)
 	defer hs.Close()
-	defer func() { env.srv.Topology().Close() }()
+	defer svc.Close()
 	env.url = hs.URL
 	code := m.Run()
 	if leaked := secretsIn(env.logs.String()); len(leaked) > 0 {
@@ -267,15 +254,15 @@ func newRouter(t testing.TB, mapPath string, adjust ...func(*config.Config)) (*r
 	if err != nil {
 		t.Fatal(err)
 	}
-	topo, err := topology.Open(m, nil, cfg.ShardPool)
+	svc, err := service.New(&cfg, m, env.log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := router.New(&cfg, topo, env.log, prometheus.NewRegistry())
+	srv := svc.Router
 	hs := httptest.NewServer(srv)
 	t.Cleanup(func() {
 		hs.Close()
-		srv.Topology().Close()
+		svc.Close()
 	})
 	return srv, hs.URL
 }

@@ -1,9 +1,10 @@
-package main
+package service
 
 import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,9 +16,9 @@ import (
 	"github.com/shardgate/shardgate/topology"
 )
 
-// migrate applies schema migrations and partition upkeep on every shard, then makes the shards
+// Migrate applies schema migrations and partition upkeep on every shard, then makes the shards
 // own the key ranges of m (revoke everywhere, then grant everywhere).
-func migrate(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Writer) error {
+func Migrate(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Writer) error {
 	topo, err := topology.OpenForCommand(m, cfg.ShardPool)
 	if err != nil {
 		return err
@@ -34,7 +35,7 @@ func migrate(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Wr
 			fmt.Fprintf(out, "shard %s: applied %s\n", s.Name, strings.Join(applied, ", "))
 		}
 	}
-	if err := upkeep(ctx, cfg, m, topo.Pool, out, nil); err != nil {
+	if err := Upkeep(ctx, cfg, m, topo.Pool, out, nil); err != nil {
 		return err
 	}
 	return applyMap(ctx, cfg, m, topo.Pool, out)
@@ -58,22 +59,22 @@ func applyMap(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool fun
 	return nil
 }
 
-// maintainOnce runs one pass of partition upkeep on every shard.
-func maintainOnce(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Writer) error {
+// Maintain runs one pass of partition upkeep on every shard.
+func Maintain(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Writer) error {
 	topo, err := topology.OpenForCommand(m, cfg.ShardPool)
 	if err != nil {
 		return err
 	}
 	defer topo.Close()
-	return upkeep(ctx, cfg, m, topo.Pool, out, nil)
+	return Upkeep(ctx, cfg, m, topo.Pool, out, nil)
 }
 
-// upkeep runs one pass of partition upkeep (idem.Upkeep) on every shard: it keeps the current
+// Upkeep runs one pass of partition upkeep (idem.Upkeep) on every shard: it keeps the current
 // and partitions_ahead future partitions ready, and detaches and drops partitions whose whole
 // range is older than retention. It prints what it created and dropped per shard, records each
-// result in stats unless it is nil (serve passes its metrics collector), and fails if any shard
+// result in stats unless it is nil (a serving router passes its metrics collector), and fails if any shard
 // failed. A shard where another router's upkeep is running is skipped, which is no failure.
-func upkeep(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(string) *pgxpool.Pool, out io.Writer, stats *idem.UpkeepCollector) error {
+func Upkeep(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(string) *pgxpool.Pool, out io.Writer, stats *idem.UpkeepCollector) error {
 	opts := idem.UpkeepOptions{
 		Interval:  cfg.Idempotency.PartitionInterval,
 		Ahead:     cfg.Idempotency.PartitionsAhead,
@@ -122,4 +123,51 @@ func describeUpkeep(rep idem.UpkeepReport, err error) string {
 		return "partitions ready, none created or dropped"
 	}
 	return strings.Join(parts, "; ")
+}
+
+// ApplyMap makes the shards of m own its ranges, moving rows (`router shardmap apply`).
+func ApplyMap(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Writer) error {
+	topo, err := topology.OpenForCommand(m, cfg.ShardPool)
+	if err != nil {
+		return err
+	}
+	defer topo.Close()
+	return applyMap(ctx, cfg, m, topo.Pool, out)
+}
+
+// logWriter turns upkeep's per-shard report lines into log records: a failure is an error.
+type logWriter struct{ log *slog.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	line := strings.TrimSuffix(string(p), "\n")
+	if strings.Contains(line, "partition upkeep failed") {
+		w.log.Error("partition upkeep failed", "report", line)
+	} else {
+		w.log.Info("partition upkeep", "report", line)
+	}
+	return len(p), nil
+}
+
+var _ io.Writer = logWriter{}
+
+// PlanMap prints what ApplyMap would move for m, and changes nothing (`shardmap apply
+// --dry-run`). It refuses what the apply would refuse.
+func PlanMap(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Writer) error {
+	topo, err := topology.OpenForCommand(m, cfg.ShardPool)
+	if err != nil {
+		return err
+	}
+	defer topo.Close()
+	moves, err := rangemove.Plan(ctx, m, topo.Pool)
+	if err != nil {
+		return err
+	}
+	for _, mv := range moves {
+		fmt.Fprintf(out, "would move %s from %s to %s: %d idempotency records, %d ledger rows\n", mv.Range, mv.From, mv.To, mv.Records, mv.Ledger)
+	}
+	if len(moves) == 0 {
+		fmt.Fprintln(out, "no range changes owner")
+	}
+	fmt.Fprintf(out, "dry run: nothing changed; without --dry-run, apply makes %d shards own their ranges at version %d\n", len(m.Shards), m.Version)
+	return nil
 }
