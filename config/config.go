@@ -163,21 +163,38 @@ var (
 )
 
 // Parse decodes and validates router.yaml content; path names the file in errors and anchors a
-// relative shardmap path. Every problem found is reported, one per line.
+// relative shardmap path. Every problem found is reported, one per line. It runs in three
+// steps: strict decoding, defaults for what is absent, and validation.
 func Parse(path string, data []byte) (*Config, error) {
+	f, err := decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	c, problems := withDefaults(path, f)
+	problems = append(problems, c.validate()...)
+	if len(problems) > 0 {
+		return nil, fmt.Errorf("%s: invalid configuration:\n  %s", path, strings.Join(problems, "\n  "))
+	}
+	return c, nil
+}
+
+// decode reads router.yaml strictly: an unknown key is an error.
+func decode(data []byte) (*file, error) {
 	var f file
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, err
 	}
+	return &f, nil
+}
 
-	var problems []string
-	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-
+// withDefaults is the one place defaults live: it fills every absent key and converts what the
+// file spells as text (interval, token hashes), reporting text that does not convert.
+func withDefaults(path string, f *file) (*Config, []string) {
 	c := &Config{
 		Listen:       deref(f.Listen, "127.0.0.1:8080"),
-		ShardmapPath: deref(f.Shardmap, "shardmap.yaml"),
+		ShardmapPath: rel(path, deref(f.Shardmap, "shardmap.yaml")),
 		Idempotency: Idempotency{
 			Retention:            durOr(f.Idempotency.Retention, 720*time.Hour),
 			PartitionsAhead:      deref(f.Idempotency.PartitionsAhead, 3),
@@ -206,15 +223,8 @@ func Parse(path string, data []byte) (*Config, error) {
 		TLS:   TLS{CertFile: rel(path, f.TLS.CertFile), KeyFile: rel(path, f.TLS.KeyFile), ClientCAFile: rel(path, f.TLS.ClientCAFile)},
 		Admin: Admin{Listen: f.Admin.Listen},
 	}
-	if c.Listen == "" {
-		bad("listen: must be host:port, e.g. 127.0.0.1:8080")
-	}
-	if c.ShardmapPath == "" {
-		bad("shardmap: must name the shard map file")
-	} else {
-		c.ShardmapPath = rel(path, c.ShardmapPath)
-	}
-
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	switch iv := deref(f.Idempotency.PartitionInterval, "24h"); iv {
 	case "24h", "daily":
 		c.Idempotency.PartitionInterval = partition.Daily
@@ -223,7 +233,86 @@ func Parse(path string, data []byte) (*Config, error) {
 	default:
 		bad("idempotency.partition_interval: %q is not supported; use 24h (daily partitions idempotency_record_YYYY_MM_DD) or monthly (idempotency_record_YYYY_MM)", iv)
 	}
-	idm := c.Idempotency
+	switch {
+	case c.Auth.Mode == "tokens":
+		c.Auth.Clients, problems = clients(f, problems)
+	case len(f.Auth.Clients) > 0:
+		bad("auth.clients: given with mode %s; remove them or set mode: tokens", c.Auth.Mode)
+	}
+	if f.Admin.TokenSHA256 != "" {
+		if sum, ok := sha256Hex(f.Admin.TokenSHA256); ok {
+			c.Admin.TokenSHA256 = &sum
+		} else {
+			bad("admin.token_sha256: must be 64 hex digits, the SHA-256 of the admin token")
+		}
+	}
+	return c, problems
+}
+
+// clients converts auth.clients, reporting bad names, duplicates and malformed hashes.
+func clients(f *file, problems []string) ([]Client, []string) {
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	var out []Client
+	seen := map[string]bool{}
+	for i, cl := range f.Auth.Clients {
+		if !clientName.MatchString(cl.Name) {
+			bad("auth.clients[%d].name: %q must be 1-63 of a-z 0-9 . _ - (it becomes part of idempotency scopes)", i, cl.Name)
+		}
+		if seen[cl.Name] {
+			bad("auth.clients[%d].name: %q is listed twice", i, cl.Name)
+		}
+		seen[cl.Name] = true
+		sum, ok := sha256Hex(cl.TokenSHA256)
+		if !ok {
+			bad("auth.clients[%d].token_sha256: must be 64 hex digits, the SHA-256 of the token (printf %%s \"$TOKEN\" | sha256sum)", i)
+			continue
+		}
+		out = append(out, Client{Name: cl.Name, TokenSHA256: sum})
+	}
+	return out, problems
+}
+
+func sha256Hex(s string) ([32]byte, bool) {
+	sum, err := hex.DecodeString(s)
+	if err != nil || len(sum) != 32 {
+		return [32]byte{}, false
+	}
+	return [32]byte(sum), true
+}
+
+// validate reports every setting outside what is safe to run.
+func (c *Config) validate() []string {
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	if c.Listen == "" {
+		bad("listen: must be host:port, e.g. 127.0.0.1:8080")
+	}
+	if c.ShardmapPath == "" {
+		bad("shardmap: must name the shard map file")
+	}
+	problems = append(problems, c.Idempotency.validate()...)
+	switch c.Auth.Mode {
+	case "none":
+	case "tokens":
+		if len(c.Auth.Clients) == 0 {
+			bad("auth.clients: mode tokens needs at least one client (name, token_sha256)")
+		}
+	default:
+		bad("auth.mode: %q must be tokens or none", c.Auth.Mode)
+	}
+	if !currency.MatchString(c.Transfers.DefaultCurrency) {
+		bad("transfers.default_currency: %q must be an ISO 4217 code such as EUR", c.Transfers.DefaultCurrency)
+	}
+	if c.Transfers.MaxBodyBytes < 256 || c.Transfers.MaxBodyBytes > 1<<20 {
+		bad("transfers.max_body_bytes: %d must be between 256 and 1048576", c.Transfers.MaxBodyBytes)
+	}
+	problems = append(problems, c.ShardPool.validate()...)
+	return append(problems, c.validateListeners()...)
+}
+
+func (idm Idempotency) validate() []string {
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	if idm.ReplayWindow <= 0 {
 		bad("idempotency.replay_window: must be positive: the longest time after which any client or queue may still retry")
 	}
@@ -237,43 +326,12 @@ func Parse(path string, data []byte) (*Config, error) {
 	if idm.InProgressRetryAfter < time.Second {
 		bad("idempotency.in_progress_retry_after: %s is below 1s, the smallest Retry-After HTTP can express", idm.InProgressRetryAfter)
 	}
+	return problems
+}
 
-	switch c.Auth.Mode {
-	case "none":
-		if len(f.Auth.Clients) > 0 {
-			bad("auth.clients: given with mode none; remove them or set mode: tokens")
-		}
-	case "tokens":
-		if len(f.Auth.Clients) == 0 {
-			bad("auth.clients: mode tokens needs at least one client (name, token_sha256)")
-		}
-		seen := map[string]bool{}
-		for i, cl := range f.Auth.Clients {
-			if !clientName.MatchString(cl.Name) {
-				bad("auth.clients[%d].name: %q must be 1-63 of a-z 0-9 . _ - (it becomes part of idempotency scopes)", i, cl.Name)
-			}
-			if seen[cl.Name] {
-				bad("auth.clients[%d].name: %q is listed twice", i, cl.Name)
-			}
-			seen[cl.Name] = true
-			sum, err := hex.DecodeString(cl.TokenSHA256)
-			if err != nil || len(sum) != 32 {
-				bad("auth.clients[%d].token_sha256: must be 64 hex digits, the SHA-256 of the token (printf %%s \"$TOKEN\" | sha256sum)", i)
-				continue
-			}
-			c.Auth.Clients = append(c.Auth.Clients, Client{Name: cl.Name, TokenSHA256: [32]byte(sum)})
-		}
-	default:
-		bad("auth.mode: %q must be tokens or none", c.Auth.Mode)
-	}
-
-	if !currency.MatchString(c.Transfers.DefaultCurrency) {
-		bad("transfers.default_currency: %q must be an ISO 4217 code such as EUR", c.Transfers.DefaultCurrency)
-	}
-	if c.Transfers.MaxBodyBytes < 256 || c.Transfers.MaxBodyBytes > 1<<20 {
-		bad("transfers.max_body_bytes: %d must be between 256 and 1048576", c.Transfers.MaxBodyBytes)
-	}
-	sp := c.ShardPool
+func (sp ShardPool) validate() []string {
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	if sp.MaxConns < 1 || sp.MaxConns > 1000 {
 		bad("shard_pool.max_conns: %d must be between 1 and 1000", sp.MaxConns)
 	}
@@ -286,12 +344,19 @@ func Parse(path string, data []byte) (*Config, error) {
 	if sp.MaxWaiting < 0 || sp.MaxWaiting > 100000 {
 		bad("shard_pool.max_waiting: %d must be between 0 and 100000", sp.MaxWaiting)
 	}
+	return problems
+}
+
+// validateListeners checks the HTTP limits, TLS files and the admin listener.
+func (c *Config) validateListeners() []string {
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	h := c.HTTP
 	if h.ReadHeaderTimeout <= 0 || h.ReadTimeout <= 0 || h.WriteTimeout <= 0 || h.IdleTimeout <= 0 {
 		bad("http: read_header_timeout, read_timeout, write_timeout and idle_timeout must be positive")
 	}
-	if h.WriteTimeout <= sp.RequestTimeout {
-		bad("http.write_timeout: %s must exceed shard_pool.request_timeout (%s), or a slow shard's answer could never be written", h.WriteTimeout, sp.RequestTimeout)
+	if h.WriteTimeout <= c.ShardPool.RequestTimeout {
+		bad("http.write_timeout: %s must exceed shard_pool.request_timeout (%s), or a slow shard's answer could never be written", h.WriteTimeout, c.ShardPool.RequestTimeout)
 	}
 	if h.MaxHeaderBytes < 1024 || h.MaxHeaderBytes > 1<<20 {
 		bad("http.max_header_bytes: %d must be between 1024 and 1048576", h.MaxHeaderBytes)
@@ -302,23 +367,10 @@ func Parse(path string, data []byte) (*Config, error) {
 	if c.TLS.ClientCAFile != "" && c.TLS.CertFile == "" {
 		bad("tls.client_ca_file: mutual TLS needs cert_file and key_file too")
 	}
-	if f.Admin.TokenSHA256 != "" {
-		sum, err := hex.DecodeString(f.Admin.TokenSHA256)
-		if err != nil || len(sum) != 32 {
-			bad("admin.token_sha256: must be 64 hex digits, the SHA-256 of the admin token")
-		} else {
-			v := [32]byte(sum)
-			c.Admin.TokenSHA256 = &v
-		}
-	}
 	if c.Admin.Listen != "" && c.Admin.Listen == c.Listen {
 		bad("admin.listen: must differ from listen (%s)", c.Listen)
 	}
-
-	if len(problems) > 0 {
-		return nil, fmt.Errorf("%s: invalid configuration:\n  %s", path, strings.Join(problems, "\n  "))
-	}
-	return c, nil
+	return problems
 }
 
 // rel resolves a file named in router.yaml relative to router.yaml's directory.
