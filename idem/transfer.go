@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,8 +20,12 @@ const (
 	Replayed   Outcome = "replayed"    // an earlier attempt completed; Result.Response is its response
 	KeyReused  Outcome = "key_reused"  // the key belongs to a different request
 	InProgress Outcome = "in_progress" // the same request is in flight elsewhere
-	Expired    Outcome = "expired"     // applied long ago; the record has been dropped by retention
-	NotOwner   Outcome = "not_owner"   // this shard does not own the keyspace id
+	Expired    Outcome = "expired"     // applied longer ago than retention; the record has been dropped
+	// RecordMissing: the debit is in the ledger, younger than retention, but its record is not
+	// to be found (its partition detached by hand, say). Nothing was written; the stored
+	// response may come back, so the answer must be retryable, never a final "expired".
+	RecordMissing Outcome = "record_missing"
+	NotOwner      Outcome = "not_owner" // this shard does not own the keyspace id
 )
 
 // Response is an HTTP response exactly as first sent, stored with the claim so that a retry can
@@ -45,6 +50,9 @@ type TransferRequest struct {
 	Currency    string
 	Reference   string // empty means none
 	Response    Response
+	// Retention is how long keys are kept: the shard concludes Expired only for a debit older
+	// than this, and RecordMissing for a younger one without its record.
+	Retention time.Duration
 }
 
 // TransferResult reports what happened. Response is set for Applied (the response to send) and
@@ -61,7 +69,7 @@ var ErrNoPartition = errors.New("idempotency_record has no partition for the cur
 
 // transferSQL is the whole transfer: one statement, one round trip, one implicit transaction.
 const transferSQL = `SELECT outcome, stored_response, shard_map_version
-FROM shardgate_transfer($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`
+FROM shardgate_transfer($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`
 
 // Transfer runs one attempt on pool, the owning shard's pool. An error means the outcome is not
 // known to this process (the shard was unreachable, timed out, or failed mid-statement); the
@@ -84,7 +92,7 @@ func Transfer(ctx context.Context, pool *pgxpool.Pool, r TransferRequest) (Trans
 	err = pool.QueryRow(ctx, transferSQL,
 		r.Scope, r.Key, r.RequestHash, signedKeyspace(r.KeyspaceID),
 		r.TransferID, r.Client, r.Src, r.Dst, r.Amount,
-		r.Currency, reference, string(resp),
+		r.Currency, reference, string(resp), r.Retention,
 	).Scan(&outcome, &stored, &mapVersion)
 	if err != nil {
 		var pgErr *pgconn.PgError
@@ -105,7 +113,7 @@ func Transfer(ctx context.Context, pool *pgxpool.Pool, r TransferRequest) (Trans
 		if mapVersion != nil {
 			res.ShardMapVersion = *mapVersion
 		}
-	case KeyReused, InProgress, Expired:
+	case KeyReused, InProgress, Expired, RecordMissing:
 	default:
 		return TransferResult{}, fmt.Errorf("shardgate_transfer returned unknown outcome %q", outcome)
 	}

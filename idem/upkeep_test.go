@@ -286,7 +286,7 @@ func testTransfer(key string, amount int64) TransferRequest {
 	return TransferRequest{
 		Scope: "client-a:transfer", Key: key, RequestHash: fmt.Sprintf("hash-%d", amount),
 		KeyspaceID: 42, TransferID: "t-" + key, Client: "client-a",
-		Src: 1, Dst: 2, Amount: amount, Currency: "EUR",
+		Src: 1, Dst: 2, Amount: amount, Currency: "EUR", Retention: 720 * time.Hour,
 		Response: Response{Status: 201, Headers: map[string]string{"Content-Type": "application/json"}, Body: fmt.Sprintf(`{"key":%q}`, key)},
 	}
 }
@@ -351,8 +351,8 @@ func TestMissingPartitionFailsClosed(t *testing.T) {
 			}
 			if tc.name == "detached" {
 				// Meanwhile the first key's record is out of sight: its retry is refused by the
-				// ledger, never applied twice.
-				transferOutcome(t, pool, first, Expired)
+				// ledger, never applied twice, and not called expired (its debit is young).
+				transferOutcome(t, pool, first, RecordMissing)
 			}
 			rep := mustUpkeep(t, pool, opts)
 			got := rep.Reattached
@@ -375,8 +375,9 @@ func TestMissingPartitionFailsClosed(t *testing.T) {
 			transferOutcome(t, pool, first, Replayed)
 		}
 	}
-	// Its record went with the dropped partition; the ledger still refuses a second debit.
-	transferOutcome(t, pool, first, Expired)
+	// Its record went with the dropped partition; the ledger still refuses a second debit, and
+	// the debit is younger than retention: an inconsistency, not an expiry.
+	transferOutcome(t, pool, first, RecordMissing)
 	if l, _ := counts(t, pool, first.Key); l != 1 {
 		t.Errorf("%d ledger rows for the first key, want 1", l)
 	}

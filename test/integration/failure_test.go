@@ -1,15 +1,18 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/partition"
 )
 
@@ -99,6 +102,47 @@ func TestRecordInOlderPartitionStillReplays(t *testing.T) {
 	}
 }
 
+// An operator detaches today's partition by mistake. A retry of a key applied minutes ago must
+// not get the final 422 idempotency-key-expired: its debit is young, so its missing record is an
+// inconsistency, answered with a retryable 503 and counted; once the partition is attached
+// again (the next upkeep does it), the retry replays byte for byte.
+func TestDetachedPartitionIsNotExpiry(t *testing.T) {
+	const src = 7111
+	shard := shardOf(src)
+	key := newKey()
+	body := transferBody(src, 7112, 41)
+	first := post(t, key, body)
+	if first.status != http.StatusCreated {
+		t.Fatalf("first: %d %s", first.status, first.body)
+	}
+	ctx := context.Background()
+	var part string
+	if err := env.pools[shard].QueryRow(ctx, "SELECT tableoid::regclass::text FROM idempotency_record WHERE key = $1", key).Scan(&part); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.pools[shard].Exec(ctx, "ALTER TABLE idempotency_record DETACH PARTITION "+part); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { service.Maintain(ctx, env.cfg, env.m, io.Discard) }) //nolint:errcheck // attached again below
+	r := post(t, key, body)
+	if r.status != http.StatusServiceUnavailable || r.problemType() != "idempotency-record-missing" || r.header.Get("Retry-After") == "" {
+		t.Fatalf("retry with the record's partition detached: %d %s, want 503 idempotency-record-missing with Retry-After", r.status, r.body)
+	}
+	if !strings.Contains(env.logs.String(), "record_missing") && !strings.Contains(env.logs.String(), "record missing") {
+		t.Errorf("the inconsistency was not logged")
+	}
+	if err := service.Maintain(ctx, env.cfg, env.m, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	again := post(t, key, body)
+	if again.status != http.StatusCreated || !bytes.Equal(again.body, first.body) || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry with the partition back: %d %s, want the first answer replayed", again.status, again.body)
+	}
+	if n := ledgerRows(t, shard, transferID(src, key)); n != 1 {
+		t.Errorf("%d ledger rows, want 1", n)
+	}
+}
+
 // A key whose record was dropped by retention is never executed a second time: the ledger still
 // holds its transfer id, and the answer is 422 idempotency-key-expired.
 func TestExpiredRecordIsNeverReapplied(t *testing.T) {
@@ -109,7 +153,13 @@ func TestExpiredRecordIsNeverReapplied(t *testing.T) {
 	if r := post(t, key, body); r.status != http.StatusCreated {
 		t.Fatalf("first: %d %s", r.status, r.body)
 	}
-	if _, err := env.pools[shard].Exec(context.Background(), "DELETE FROM idempotency_record WHERE key = $1", key); err != nil {
+	// What retention does: the record is dropped, and the debit is older than retention.
+	ctx := context.Background()
+	if _, err := env.pools[shard].Exec(ctx, "DELETE FROM idempotency_record WHERE key = $1", key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.pools[shard].Exec(ctx, "UPDATE ledger_entries SET created_at = now() - $1::interval - interval '1 hour' WHERE transfer_id = $2",
+		env.cfg.Idempotency.Retention, transferID(src, key)); err != nil {
 		t.Fatal(err)
 	}
 	r := post(t, key, body)
