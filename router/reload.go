@@ -24,8 +24,9 @@ var ErrMapRefused = errors.New("shard map refused")
 // Reload reads the shard map at path and, if it is valid and its version is higher, opens pools
 // for new shards and swaps it in; requests already routed finish on the old map, and pools of
 // shards that left are closed once their in-flight requests end. An invalid map, a lower
-// version, or a changed map under the same version is refused and the current map keeps
-// serving. Reloads are serialized.
+// version, or other shards or ranges under the same version are refused and the current map
+// keeps serving; a map that changes only DSNs is taken under the same version. Reloads are
+// serialized.
 func (s *Server) Reload(path string) (ReloadResult, error) {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
@@ -50,11 +51,16 @@ func (s *Server) reload(path string) (ReloadResult, error) {
 	switch {
 	case m.Version < cur.Map.Version:
 		return ReloadRefused, fmt.Errorf("%w: version %d is lower than the serving version %d; a router never goes back", ErrMapRefused, m.Version, cur.Map.Version)
-	case m.Version == cur.Map.Version:
-		if len(d.Moves) == 0 && len(d.Added) == 0 && len(d.Removed) == 0 && len(d.DSNChanged) == 0 {
+	case m.Version == cur.Map.Version && len(d.Moves) == 0 && len(d.Added) == 0 && len(d.Removed) == 0:
+		if len(d.DSNChanged) == 0 {
 			return ReloadUnchanged, nil
 		}
-		return ReloadRefused, fmt.Errorf("%w: the map changed but its version is still %d; raise the version", ErrMapRefused, m.Version)
+		// Only connection strings changed: who owns what is the same, so the version need not
+		// move. This is also what lets the complete file in after a half-written one whose cut
+		// DSN happened to be valid: refusing it would leave that shard unreachable until
+		// someone raised the version.
+	case m.Version == cur.Map.Version:
+		return ReloadRefused, fmt.Errorf("%w: the map's shards or ranges changed but its version is still %d; raise the version", ErrMapRefused, m.Version)
 	}
 	next, err := topology.Open(m, cur, s.cfg.ShardPool)
 	if err != nil {

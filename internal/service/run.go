@@ -136,7 +136,9 @@ func (s *Service) reloadLoop(ctx context.Context) {
 		default: // a reload is already pending
 		}
 	}
-	go watchMap(ctx, s.Config.ShardmapPath, MapPollInterval, trigger)
+	poll := time.NewTicker(MapPollInterval)
+	defer poll.Stop()
+	go watchMap(ctx, s.Config.ShardmapPath, poll.C, trigger)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -203,24 +205,29 @@ func serverTLS(c config.TLS) (*tls.Config, error) {
 	return tc, nil
 }
 
-// watchMap calls changed whenever the content of the map file differs from what it was at the
-// previous look. The first look always calls it: the map the router started with was read
-// before this watch began, and the file may have changed in between (the reload that follows
-// is a no-op when it did not). Comparing content rather than size and modification time also
-// sees an edit that keeps the size within the file system's timestamp granularity. Polling
-// needs no extra dependency and also sees a file replaced by a rename (as editors and
-// Kubernetes ConfigMap updates do).
-func watchMap(ctx context.Context, path string, every time.Duration, changed func()) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	last := ""
+// watchMap looks at the map file on every tick of looks, and calls changed whenever the content of the map file has changed since the last call
+// and then stayed the same for one more look: a file written in place (an editor, `cat >`, a
+// configuration tool) is never taken while it is still being written, even when a half-written
+// map would be valid. Writing by rename is still the safe way: a reader never sees half a file.
+// The first settled look always calls it: the map the router started with was read before this
+// watch began, and the file may have changed in between (the reload that follows is a no-op
+// when it did not). Comparing content rather than size and modification time also sees an edit
+// that keeps the size within the file system's timestamp granularity; polling needs no extra
+// dependency and also sees a file replaced by a rename (as Kubernetes ConfigMap updates do).
+func watchMap(ctx context.Context, path string, looks <-chan time.Time, changed func()) {
+	taken, seen := "", ""
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
-			if d := fileDigest(path); d != last && d != "" {
-				last = d
+		case <-looks:
+			d := fileDigest(path)
+			if d != seen { // new content, or still being written: look again before taking it
+				seen = d
+				continue
+			}
+			if d != taken && d != "" {
+				taken = d
 				changed()
 			}
 		}

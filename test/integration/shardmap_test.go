@@ -113,6 +113,34 @@ func TestRefusedReloadKeepsRouting(t *testing.T) {
 	}
 }
 
+// A map file written in place can be read half-written, and a cut DSN can still be valid: here
+// the shards' DSNs lose their options. The router takes it; the complete file, under the same
+// version, must then get in too (once it was refused as "changed under the same version", and
+// the shard stayed unusable until someone raised the version).
+func TestCompleteMapReplacesHalfWrittenOne(t *testing.T) {
+	dir := t.TempDir()
+	mapPath := filepath.Join(dir, "shardmap.yaml")
+	if err := writeMap(mapPath, 5, []string{"-80", "80-"}); err != nil {
+		t.Fatal(err)
+	}
+	srv, base := newRouter(t, mapPath)
+	if err := writeMap(mapPath, 5, []string{"-80", "80-"}, "&connect_timeout=1"); err != nil { // another DSN, same owners
+		t.Fatal(err)
+	}
+	if res, err := srv.Reload(mapPath); res != router.ReloadApplied {
+		t.Fatalf("same version, other DSNs: %s %v, want applied", res, err)
+	}
+	if err := writeMap(mapPath, 5, []string{"-80", "80-"}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := srv.Reload(mapPath); res != router.ReloadApplied {
+		t.Fatalf("the complete map again: %s %v, want applied", res, err)
+	}
+	if r := doAt(t, base, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": newKey()}, transferBody(8842, 1, 1)); r.status != http.StatusCreated {
+		t.Errorf("transfer after the complete map: %d %s", r.status, r.body)
+	}
+}
+
 // Moving a key range between two real shards: its rows move with it, so keys completed before
 // the move replay on the new owner; new transfers go to the new owner; a router kept on the old
 // map is refused by the old owner, so no key is ever applied on both shards.
