@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs what shardgate's tests and `router dev` need beyond Go, from Debian's packages:
-# PostgreSQL server binaries (initdb, postgres), pgbench, and promtool (checks the alert rules).
-# Idempotent: does nothing when they are present.
+# Installs what shardgate needs beyond Go, from Debian's packages. `ensure-deps.sh run` (for
+# `make run`): the PostgreSQL server binaries (initdb, postgres) and nothing else.
+# `ensure-deps.sh` or `ensure-deps.sh test` (for the tests): also pgbench and promtool (checks
+# the alert rules). Idempotent: does nothing when they are present.
 set -euo pipefail
 
 have_server() {
@@ -9,10 +10,14 @@ have_server() {
   compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null
 }
 
+purpose="${1:-test}"
+case "$purpose" in run|test) ;; *) echo "usage: ensure-deps.sh [run|test]" >&2; exit 2 ;; esac
 missing=()
 have_server || missing+=(postgresql-15)
-command -v pgbench >/dev/null || missing+=(postgresql-client-15)
-command -v promtool >/dev/null || missing+=(prometheus)
+if [ "$purpose" = test ]; then
+  command -v pgbench >/dev/null || missing+=(postgresql-client-15)
+  command -v promtool >/dev/null || missing+=(prometheus)
+fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" != 0 ]; then
@@ -27,4 +32,5 @@ apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 if command -v service >/dev/null; then
   service prometheus stop >/dev/null 2>&1 || true
 fi
-have_server && command -v pgbench >/dev/null && command -v promtool >/dev/null
+have_server
+[ "$purpose" = run ] || { command -v pgbench >/dev/null && command -v promtool >/dev/null; }

@@ -68,7 +68,7 @@ func dev(ctx context.Context, args []string, out io.Writer, log *slog.Logger) er
 		return err
 	}
 	return serveOn(ctx, ln, cfg, m, log, func(addr string) {
-		fmt.Fprintf(out, devBanner, sb.path("router.yaml"), sb.path("shardmap.yaml"), addr, addr, addr, sb.path("shardmap.yaml"))
+		fmt.Fprintf(out, devBanner, sb.path("router.yaml"), sb.path("shardmap.yaml"), addr, addr, addr, sb.path("shardmap.yaml"), sb.path("router.yaml"))
 	})
 }
 
@@ -189,7 +189,7 @@ shardgate dev sandbox is up (config: %s, shard map: %s). Try:
 Run it twice: the second answer is the first replayed (Idempotent-Replayed: true).
 Route of an account: curl -s 'http://%s/admin/route?account=8842'   Metrics: http://%s/metrics
 To move a range: edit %s (give the range to another shard, raise version; write the
-file by rename or save it whole), then run 'router shardmap apply --config <config>'. Between
+file by rename or save it whole), then run 'router shardmap apply --config %s'. Between
 the edit and the apply, transfers in the moving range get 503 shard-map-changing.
 Ctrl-C stops the router and the shards.
 

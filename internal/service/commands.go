@@ -101,6 +101,12 @@ func Upkeep(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(
 	return nil
 }
 
+// Words of upkeep's report that its log level is chosen by.
+const (
+	upkeepFailed  = "partition upkeep failed"
+	upkeepNothing = "partitions ready, none created or dropped"
+)
+
 // describeUpkeep is one shard's line of upkeep's report.
 func describeUpkeep(rep idem.UpkeepReport, err error) string {
 	var parts []string
@@ -114,13 +120,13 @@ func describeUpkeep(rep idem.UpkeepReport, err error) string {
 	}
 	switch {
 	case err != nil && len(parts) > 0:
-		return fmt.Sprintf("partition upkeep failed after it %s: %v", strings.Join(parts, "; "), err)
+		return fmt.Sprintf("%s after it %s: %v", upkeepFailed, strings.Join(parts, "; "), err)
 	case err != nil:
-		return fmt.Sprintf("partition upkeep failed: %v", err)
+		return fmt.Sprintf("%s: %v", upkeepFailed, err)
 	case rep.Skipped:
 		return "partition upkeep skipped: another router is running it on this shard"
 	case len(parts) == 0:
-		return "partitions ready, none created or dropped"
+		return upkeepNothing
 	}
 	return strings.Join(parts, "; ")
 }
@@ -140,9 +146,14 @@ type logWriter struct{ log *slog.Logger }
 
 func (w logWriter) Write(p []byte) (int, error) {
 	line := strings.TrimSuffix(string(p), "\n")
-	if strings.Contains(line, "partition upkeep failed") {
+	switch {
+	case strings.Contains(line, upkeepFailed):
 		w.log.Error("partition upkeep failed", "report", line)
-	} else {
+	case strings.HasSuffix(line, upkeepNothing):
+		// The hourly pass that changes nothing, and the pass at start right after `migrate`
+		// (which printed its own report), are not news.
+		w.log.Debug("partition upkeep", "report", line)
+	default:
 		w.log.Info("partition upkeep", "report", line)
 	}
 	return len(p), nil

@@ -2,10 +2,16 @@ package service
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/shardgate/shardgate/idem"
 )
 
 // The watch takes a map only once its content has held still for a look: a file being written
@@ -56,5 +62,25 @@ func TestWatchMapWaitsForTheFileToSettle(t *testing.T) {
 	expect("") // unchanged: nothing more
 	if len(taken) != 0 {
 		t.Fatalf("took %q as well", <-taken)
+	}
+}
+
+// A failed upkeep is an error in the log, not an INFO line; a pass that changed nothing is not
+// news (it also ran a moment before in `migrate`, whose report was printed already).
+func TestUpkeepLogLevels(t *testing.T) {
+	var buf strings.Builder
+	w := logWriter{slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	fmt.Fprintf(w, "shard a: %s\n", describeUpkeep(idem.UpkeepReport{}, errors.New("lock timeout")))
+	fmt.Fprintf(w, "shard b: %s\n", describeUpkeep(idem.UpkeepReport{}, nil))
+	fmt.Fprintf(w, "shard c: %s\n", describeUpkeep(idem.UpkeepReport{Created: []string{"idempotency_record_2026_12_06"}}, nil))
+	out := buf.String()
+	if !strings.Contains(out, `level=ERROR msg="partition upkeep failed" report="shard a: partition upkeep failed: lock timeout"`) {
+		t.Errorf("failure not logged as an error:\n%s", out)
+	}
+	if strings.Contains(out, "shard b") {
+		t.Errorf("a pass that changed nothing is logged at INFO:\n%s", out)
+	}
+	if !strings.Contains(out, `level=INFO msg="partition upkeep" report="shard c: created idempotency_record_2026_12_06"`) {
+		t.Errorf("a created partition is not logged:\n%s", out)
 	}
 }
