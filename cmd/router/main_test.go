@@ -32,3 +32,31 @@ func TestRunExitStatus(t *testing.T) {
 		}
 	}
 }
+
+// Help names every command and flag: `router help` lists dev --dir and shardmap apply, each
+// command's --help prints its flags (dev --help once printed "flag: help requested" and
+// nothing else), the shardmap usage lists apply, and there is a version.
+func TestHelpIsComplete(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"help"}, []string{"dev [--shards N] [--listen ADDR] [--dir DIR]", "shardmap apply --config router.yaml [--dry-run]", "version"}},
+		{[]string{"dev", "--help"}, []string{"-dir", "-shards", "-listen"}},
+		{[]string{"serve", "-h"}, []string{"-config"}},
+		{[]string{"maintain", "--help"}, []string{"-once"}},
+		{[]string{"shardmap", "apply", "--help"}, []string{"-dry-run", "-config"}},
+		{[]string{"shardmap", "help"}, []string{"router shardmap apply --config router.yaml [--dry-run]"}},
+		{[]string{"version"}, []string{"router "}},
+	} {
+		var stdout, stderr bytes.Buffer
+		if status := run(tc.args, &stdout, &stderr); status != 0 || stderr.Len() > 0 {
+			t.Errorf("router %v: status %d, stderr %q; want 0 and nothing", tc.args, status, stderr.String())
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(stdout.String(), w) {
+				t.Errorf("router %v: stdout lacks %q:\n%s", tc.args, w, stdout.String())
+			}
+		}
+	}
+}

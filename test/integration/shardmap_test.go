@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/rangemove"
 	"github.com/shardgate/shardgate/router"
@@ -299,4 +301,42 @@ func nextVersion(t testing.TB) int {
 		v = max(v, o.MapVersion)
 	}
 	return int(v) + 1
+}
+
+// `shardmap apply --dry-run` names the ranges a map would move, with the rows they hold, and
+// changes nothing on any shard.
+func TestApplyDryRunChangesNothing(t *testing.T) {
+	ctx := context.Background()
+	src := accountOn("shard-0", 5000)
+	if r := post(t, newKey(), transferBody(src, 1, 5)); r.status != http.StatusCreated {
+		t.Fatalf("transfer: %d %s", r.status, r.body)
+	}
+	before := map[string]idem.Ownership{}
+	for name, p := range env.pools {
+		o, err := idem.ReadOwnership(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[name] = o
+	}
+	planned := filepath.Join(t.TempDir(), "shardmap.yaml")
+	if err := writeMap(planned, nextVersion(t), []string{"", "-"}); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := service.PlanMap(ctx, env.cfg, mustLoad(t, planned), &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "would move -80 from shard-0 to shard-1: ") || strings.Contains(out.String(), " 0 ledger rows") {
+		t.Errorf("plan:\n%s\nwant a move of -80 from shard-0 to shard-1 with its rows counted", out.String())
+	}
+	for name, p := range env.pools {
+		o, err := idem.ReadOwnership(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.MapVersion != before[name].MapVersion || o.Applying != before[name].Applying || fmt.Sprint(o.Ranges) != fmt.Sprint(before[name].Ranges) {
+			t.Errorf("%s: ownership %+v after a dry run, was %+v", name, o, before[name])
+		}
+	}
 }

@@ -1,0 +1,100 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardgate/shardgate/internal/localpg"
+	"github.com/shardgate/shardgate/internal/service"
+)
+
+// syncBuffer is a bytes.Buffer safe for the dev goroutine and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuffer) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// startDev runs `router dev` with args until the returned stop is called, once it is up.
+func startDev(t *testing.T, args ...string) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() { done <- dev(ctx, args, out, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	deadline := time.After(2 * time.Minute)
+	for !strings.Contains(out.String(), "sandbox is up") {
+		select {
+		case err := <-done:
+			cancel()
+			t.Fatalf("dev %v ended before it was up: %v\n%s", args, err, out.String())
+		case <-deadline:
+			cancel()
+			t.Fatalf("dev %v not up after 2 minutes:\n%s", args, out.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("dev %v: %v", args, err)
+		}
+	}
+}
+
+// A kept sandbox whose map the user edited and applied (a moved range, version 2) starts again
+// as it was left: once, `dev` rewrote it to version 1 and the shards refused it as older than
+// what they follow. Another --shards is refused with what to do.
+func TestDevKeepsAnEditedSandbox(t *testing.T) {
+	if _, err := localpg.BinDir(); err != nil && os.Getenv("CI") == "" {
+		t.Skipf("PostgreSQL server binaries not found: %v", err)
+	}
+	dir := t.TempDir()
+	args := []string{"--dir", dir, "--listen", "127.0.0.1:0"}
+	stop := startDev(t, args...)
+	mapPath := filepath.Join(dir, "shardmap.yaml")
+	data, err := os.ReadFile(mapPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := strings.Replace(strings.Replace(string(data), "version: 1", "version: 2", 1), `ranges: ["-80"]`, `ranges: ["-40"]`, 1)
+	edited = strings.Replace(edited, `ranges: ["80-"]`, `ranges: ["40-"]`, 1)
+	if err := os.WriteFile(mapPath, []byte(edited), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, m, err := service.Load(filepath.Join(dir, "router.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var applied bytes.Buffer
+	if err := service.ApplyMap(context.Background(), cfg, m, &applied); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(applied.String(), "moved rows of 40-80 from shard-0 to shard-1") {
+		t.Errorf("apply's report names the wrong range:\n%s", applied.String())
+	}
+	stop()
+
+	startDev(t, args...)()
+	_, kept, err := service.Load(filepath.Join(dir, "router.yaml"))
+	if err != nil || kept.Version != 2 || kept.Route(8842).Range.String() != "-40" && kept.Route(8842).Range.String() != "40-" {
+		t.Fatalf("the sandbox's map after a restart: %v (%v), want the edited version 2 with its ranges", kept, err)
+	}
+	err = dev(context.Background(), append(args, "--shards", "3"), io.Discard, slog.New(slog.DiscardHandler))
+	if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "--shards 2") {
+		t.Errorf("restart with another --shards: %v, want a usage error saying to use --shards 2", err)
+	}
+}
