@@ -1,8 +1,10 @@
-// Package idem is shardgate's storage on each shard: the schema and its migrations, the
-// one-round-trip transfer that claims an Idempotency-Key, writes the ledger entry and stores the
-// response in one transaction, partition upkeep for idempotency records, and the key ranges a
-// shard owns.
+// Package idem is what runs on one shard: the schema and its migrations, the one-round-trip
+// transfer that claims an Idempotency-Key, writes the ledger entry and stores the response in
+// one transaction, the lookup of a transfer, the rows that say which key ranges the shard owns
+// (and their phases during a move), and partition upkeep for idempotency records. Moving
+// ranges between shards is package rangemove's job, built on these primitives.
 //
-// Everything here runs against real PostgreSQL; the package holds no state of its own beyond
-// the pools it is handed.
+// Everything here runs against real PostgreSQL through the pool it is handed; it opens no
+// connections of its own. Its one piece of state is UpkeepCollector, which remembers each
+// shard's last upkeep result to serve as metrics between passes.
 package idem
