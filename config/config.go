@@ -27,6 +27,7 @@ type Config struct {
 	Auth         Auth
 	Transfers    Transfers
 	ShardPool    ShardPool
+	GroupCommit  GroupCommit
 	HTTP         HTTP
 	TLS          TLS
 	Admin        Admin
@@ -90,6 +91,13 @@ type ShardPool struct {
 	RetryAfter     time.Duration // Retry-After on 503
 }
 
+// GroupCommit sends concurrent new-key transfers bound for one shard to it together: one
+// statement and one commit for the group. There is no timer: a group forms only from
+// transfers that arrive while the shard's previous group is in flight.
+type GroupCommit struct {
+	MaxBatch int // transfers in one group at most; 1 sends every transfer alone
+}
+
 // file mirrors router.yaml. Pointers tell "absent" from "zero" so defaults apply only to absent keys.
 type file struct {
 	Listen      *string `yaml:"listen"`
@@ -119,6 +127,9 @@ type file struct {
 		RequestTimeout *duration `yaml:"request_timeout"`
 		RetryAfter     *duration `yaml:"retry_after"`
 	} `yaml:"shard_pool"`
+	GroupCommit struct {
+		MaxBatch *int `yaml:"max_batch"`
+	} `yaml:"group_commit"`
 	HTTP struct {
 		ReadHeaderTimeout *duration `yaml:"read_header_timeout"`
 		ReadTimeout       *duration `yaml:"read_timeout"`
@@ -213,6 +224,7 @@ func withDefaults(path string, f *file) (*Config, []string) {
 			RequestTimeout: durOr(f.ShardPool.RequestTimeout, 5*time.Second),
 			RetryAfter:     durOr(f.ShardPool.RetryAfter, time.Second),
 		},
+		GroupCommit: GroupCommit{MaxBatch: deref(f.GroupCommit.MaxBatch, 64)},
 		HTTP: HTTP{
 			ReadHeaderTimeout: durOr(f.HTTP.ReadHeaderTimeout, 5*time.Second),
 			ReadTimeout:       durOr(f.HTTP.ReadTimeout, 15*time.Second),
@@ -307,6 +319,9 @@ func (c *Config) validate() []string {
 		bad("transfers.max_body_bytes: %d must be between 256 and 1048576", c.Transfers.MaxBodyBytes)
 	}
 	problems = append(problems, c.ShardPool.validate()...)
+	if c.GroupCommit.MaxBatch < 1 || c.GroupCommit.MaxBatch > 1000 {
+		bad("group_commit.max_batch: %d must be between 1 (group commit off: every transfer alone) and 1000", c.GroupCommit.MaxBatch)
+	}
 	return append(problems, c.validateListeners()...)
 }
 

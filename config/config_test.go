@@ -35,6 +35,9 @@ func TestParseValid(t *testing.T) {
 		c.Idempotency.InProgressRetryAfter != time.Second || c.Transfers.DefaultCurrency != "EUR" {
 		t.Errorf("unexpected values: %+v", c)
 	}
+	if c.GroupCommit.MaxBatch != 64 {
+		t.Errorf("group_commit.max_batch %d, want the default 64 (on)", c.GroupCommit.MaxBatch)
+	}
 	if len(c.Auth.Clients) != 1 || c.Auth.Clients[0].Name != "payments-api" || c.Auth.Clients[0].TokenSHA256[0] != 0x9f {
 		t.Errorf("clients: %+v", c.Auth.Clients)
 	}
@@ -54,6 +57,7 @@ func TestParseRejects(t *testing.T) {
 		{"bad client name", strings.Replace(validYAML, "payments-api", "Payments API", 1), "must be 1-63"},
 		{"duplicate client", validYAML + "    - name: payments-api\n      token_sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n", "listed twice"},
 		{"none with clients", strings.Replace(validYAML, "mode: tokens", "mode: none", 1), "given with mode none"},
+		{"group of none", validYAML + "group_commit:\n  max_batch: 0\n", "group_commit.max_batch: 0 must be between 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse("router.yaml", []byte(tc.yaml))
