@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -95,12 +96,24 @@ func Transfer(ctx context.Context, pool *pgxpool.Pool, r TransferRequest) (Trans
 		r.Currency, reference, string(resp), r.Retention,
 	).Scan(&outcome, &stored, &mapVersion)
 	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "23514" && pgErr.TableName == "idempotency_record" {
-			return TransferResult{}, fmt.Errorf("%w: %s", ErrNoPartition, pgErr.Message)
-		}
-		return TransferResult{}, err
+		return TransferResult{}, transferError(err)
 	}
+	return decodeOutcome(r, outcome, stored, mapVersion)
+}
+
+// transferError tells a missing partition (the record's insert found no partition for now, so
+// the statement rolled back) from any other failure.
+func transferError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23514" && pgErr.TableName == "idempotency_record" {
+		return fmt.Errorf("%w: %w", ErrNoPartition, pgErr)
+	}
+	return err
+}
+
+// decodeOutcome turns one row of the transfer functions into a result; an outcome outside the
+// closed set is an error.
+func decodeOutcome(r TransferRequest, outcome string, stored []byte, mapVersion *int64) (TransferResult, error) {
 	res := TransferResult{Outcome: Outcome(outcome)}
 	switch res.Outcome {
 	case Applied:
@@ -115,9 +128,81 @@ func Transfer(ctx context.Context, pool *pgxpool.Pool, r TransferRequest) (Trans
 		}
 	case KeyReused, InProgress, Expired, RecordMissing:
 	default:
-		return TransferResult{}, fmt.Errorf("shardgate_transfer returned unknown outcome %q", outcome)
+		return TransferResult{}, fmt.Errorf("shardgate transfer function returned unknown outcome %q", outcome)
 	}
 	return res, nil
+}
+
+// transferBatchSQL is a whole group: one statement, one round trip, one commit.
+const transferBatchSQL = `SELECT idx, outcome, stored_response, shard_map_version
+FROM shardgate_transfer_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`
+
+// TransferBatch runs a group of attempts on pool, the shard's pool, in one statement and one
+// transaction (group commit): each item gets the outcome a lone Transfer would give it, except
+// that of two attempts of one key in the group the later is in flight (in_progress, or
+// key_reused for another request) until the group commits. Items may carry different retentions
+// only in theory: the group is judged with the first item's. An error means nothing of the
+// group committed when it is a *pgconn.PgError (the statement failed; each item may then be
+// sent alone), and that the outcome is unknown otherwise (the connection failed or timed out).
+func TransferBatch(ctx context.Context, pool *pgxpool.Pool, reqs []TransferRequest) ([]TransferResult, error) {
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	args, err := batchArgs(reqs)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := pool.Query(ctx, transferBatchSQL, args...)
+	if err != nil {
+		return nil, transferError(err)
+	}
+	results := make([]TransferResult, len(reqs))
+	seen := 0
+	var (
+		idx        int
+		outcome    string
+		stored     []byte
+		mapVersion *int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&idx, &outcome, &stored, &mapVersion}, func() error {
+		if idx < 1 || idx > len(reqs) {
+			return fmt.Errorf("shardgate_transfer_batch returned item %d of %d", idx, len(reqs))
+		}
+		res, err := decodeOutcome(reqs[idx-1], outcome, stored, mapVersion)
+		results[idx-1] = res
+		seen++
+		return err
+	})
+	if err != nil {
+		return nil, transferError(err)
+	}
+	if seen != len(reqs) {
+		return nil, fmt.Errorf("shardgate_transfer_batch answered %d of %d items", seen, len(reqs))
+	}
+	return results, nil
+}
+
+// batchArgs are the parallel arrays of shardgate_transfer_batch, in its parameter order.
+func batchArgs(reqs []TransferRequest) ([]any, error) {
+	n := len(reqs)
+	scopes, keys, hashes, ids := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	clients, currencies, responses := make([]string, n), make([]string, n), make([]string, n)
+	keyspaces, srcs, dsts, amounts := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	references := make([]*string, n)
+	for i := range reqs {
+		r := &reqs[i]
+		resp, err := json.Marshal(r.Response)
+		if err != nil {
+			return nil, fmt.Errorf("encode response: %w", err)
+		}
+		scopes[i], keys[i], hashes[i], ids[i] = r.Scope, r.Key, r.RequestHash, r.TransferID
+		clients[i], currencies[i], responses[i] = r.Client, r.Currency, string(resp)
+		keyspaces[i], srcs[i], dsts[i], amounts[i] = signedKeyspace(r.KeyspaceID), r.Src, r.Dst, r.Amount
+		if r.Reference != "" {
+			references[i] = &r.Reference
+		}
+	}
+	return []any{scopes, keys, hashes, keyspaces, ids, clients, srcs, dsts, amounts, currencies, references, responses, reqs[0].Retention}, nil
 }
 
 // signedKeyspace maps an unsigned keyspace id onto a signed bigint with the same order, by
