@@ -28,6 +28,7 @@ type Config struct {
 	Transfers    Transfers
 	ShardPool    ShardPool
 	GroupCommit  GroupCommit
+	ReplayCache  ReplayCache
 	HTTP         HTTP
 	TLS          TLS
 	Admin        Admin
@@ -98,6 +99,16 @@ type GroupCommit struct {
 	MaxBatch int // transfers in one group at most; 1 sends every transfer alone
 }
 
+// ReplayCache keeps, per router, the responses shards answered as completed, so that a retry
+// of a completed key with the same request is replayed without a round trip to its shard. A
+// completed record never changes, so a cached response is the stored one; entries live at most
+// TTL, and TTL must stay below replay_window so that no retry the router accepts outlives
+// retention through the cache.
+type ReplayCache struct {
+	MaxEntries int // 0 turns the cache off
+	TTL        time.Duration
+}
+
 // file mirrors router.yaml. Pointers tell "absent" from "zero" so defaults apply only to absent keys.
 type file struct {
 	Listen      *string `yaml:"listen"`
@@ -130,6 +141,10 @@ type file struct {
 	GroupCommit struct {
 		MaxBatch *int `yaml:"max_batch"`
 	} `yaml:"group_commit"`
+	ReplayCache struct {
+		MaxEntries *int      `yaml:"max_entries"`
+		TTL        *duration `yaml:"ttl"`
+	} `yaml:"replay_cache"`
 	HTTP struct {
 		ReadHeaderTimeout *duration `yaml:"read_header_timeout"`
 		ReadTimeout       *duration `yaml:"read_timeout"`
@@ -225,6 +240,7 @@ func withDefaults(path string, f *file) (*Config, []string) {
 			RetryAfter:     durOr(f.ShardPool.RetryAfter, time.Second),
 		},
 		GroupCommit: GroupCommit{MaxBatch: deref(f.GroupCommit.MaxBatch, 64)},
+		ReplayCache: ReplayCache{MaxEntries: deref(f.ReplayCache.MaxEntries, 16384), TTL: durOr(f.ReplayCache.TTL, 5*time.Minute)},
 		HTTP: HTTP{
 			ReadHeaderTimeout: durOr(f.HTTP.ReadHeaderTimeout, 5*time.Second),
 			ReadTimeout:       durOr(f.HTTP.ReadTimeout, 15*time.Second),
@@ -319,6 +335,11 @@ func (c *Config) validate() []string {
 		bad("transfers.max_body_bytes: %d must be between 256 and 1048576", c.Transfers.MaxBodyBytes)
 	}
 	problems = append(problems, c.ShardPool.validate()...)
+	if rc := c.ReplayCache; rc.MaxEntries < 0 || rc.MaxEntries > 10_000_000 {
+		bad("replay_cache.max_entries: %d must be between 0 (off) and 10000000", rc.MaxEntries)
+	} else if rc.MaxEntries > 0 && (rc.TTL <= 0 || rc.TTL >= c.Idempotency.ReplayWindow) {
+		bad("replay_cache.ttl: %s must be positive and below idempotency.replay_window (%s), so that no cached replay outlives retention", rc.TTL, c.Idempotency.ReplayWindow)
+	}
 	if c.GroupCommit.MaxBatch < 1 || c.GroupCommit.MaxBatch > 1000 {
 		bad("group_commit.max_batch: %d must be between 1 (group commit off: every transfer alone) and 1000", c.GroupCommit.MaxBatch)
 	}

@@ -57,6 +57,7 @@ func TestParseRejects(t *testing.T) {
 		{"bad client name", strings.Replace(validYAML, "payments-api", "Payments API", 1), "must be 1-63"},
 		{"duplicate client", validYAML + "    - name: payments-api\n      token_sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n", "listed twice"},
 		{"none with clients", strings.Replace(validYAML, "mode: tokens", "mode: none", 1), "given with mode none"},
+		{"replay cache outliving the replay window", validYAML + "replay_cache:\n  ttl: 200h\n", "replay_cache.ttl: 200h0m0s must be positive and below"},
 		{"group of none", validYAML + "group_commit:\n  max_batch: 0\n", "group_commit.max_batch: 0 must be between 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
