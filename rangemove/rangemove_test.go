@@ -507,7 +507,7 @@ func testTransfer(key string, amount int64) idem.TransferRequest {
 	return idem.TransferRequest{
 		Scope: "client-a:transfer", Key: key, RequestHash: fmt.Sprintf("hash-%d", amount),
 		KeyspaceID: 42, TransferID: "t-" + key, Client: "client-a",
-		Src: 1, Dst: 2, Amount: amount, Currency: "EUR",
+		Src: 1, Dst: 2, Amount: amount, Currency: "EUR", Retention: 720 * time.Hour,
 		Response: idem.Response{Status: 201, Headers: map[string]string{"Content-Type": "application/json"}, Body: fmt.Sprintf(`{"key":%q}`, key)},
 	}
 }
