@@ -35,7 +35,9 @@ type Option func(*Client)
 func WithToken(token string) Option { return func(c *Client) { c.token = token } }
 
 // WithHTTPClient makes the Client use hc (for TLS settings, proxies or instrumentation)
-// instead of a client of its own. Its Timeout, if any, bounds each attempt too.
+// instead of a client of its own. Its Timeout, if any, bounds each attempt too. After an
+// attempt that got no answer the Client closes hc's idle connections, so give it a transport
+// of its own rather than http.DefaultClient.
 func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.hc = hc } }
 
 // WithRetryPolicy replaces [DefaultRetryPolicy].
@@ -56,7 +58,7 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	}
 	if c.hc == nil {
 		// A transport of its own: dropping its idle connections after a network error
-		// (see retryAfter) then touches no one else's.
+		// (see Client.retryAfter) touches no one else's.
 		c.hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 	}
 	c.budget = newBudget(c.policy)

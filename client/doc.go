@@ -30,8 +30,8 @@
 // token bucket shared by every call of one [Client]: each call earns [RetryPolicy.BudgetRatio]
 // tokens, the bucket also earns [RetryPolicy.BudgetPerSecond] tokens a second (the floor that
 // lets a quiet client retry), it holds at most [RetryPolicy.BudgetBurst] tokens and each retry
-// costs one. With the defaults, retries are at most about 10% of calls plus one a second, so an
-// outage of the router does not turn every client into a retry storm.
+// costs one. With the defaults, beyond an initial burst of 10, retries are at most 10% of calls
+// plus one a second, so an outage of the router does not turn every client into a retry storm.
 //
 // # Outcomes
 //
