@@ -292,7 +292,7 @@ func (s *Server) reloadAtLeast(version int64) bool {
 // answer writes the response for a shard's result and returns the outcome label.
 func (s *Server) answer(w http.ResponseWriter, shard string, version int64, res idem.TransferResult, err error) string {
 	if err != nil {
-		return s.shardFailure(w, shard, err)
+		return s.shardFailure(w, shard, err, retrySameKey)
 	}
 	switch res.Outcome {
 	case idem.Applied:
@@ -320,35 +320,66 @@ func (s *Server) answer(w http.ResponseWriter, shard string, version int64, res 
 	return outError
 }
 
-// shardFailure answers a transfer whose shard call failed. The outcome on the shard is unknown
-// (it may even have committed just before a connection broke), so the answer is always a
-// retryable 503: a retry with the same key then replays or applies exactly once.
-func (s *Server) shardFailure(w http.ResponseWriter, shard string, err error) string {
-	if errors.Is(err, topology.ErrShardBusy) {
-		writeProblem(w, probShardBusy, "retry with the same Idempotency-Key", s.cfg.ShardPool.RetryAfter)
+// Details of the answers to a failed shard call, by what the client should do next.
+const (
+	retrySameKey = "retry with the same Idempotency-Key; the transfer is never applied twice"
+	retryLater   = "retry later"
+)
+
+// shardFailure answers a request whose shard call failed and returns the outcome label; retry
+// is the detail's advice (retrySameKey for a transfer, retryLater for a read).
+//
+// A transfer's outcome on the shard is unknown after most failures (it may even have committed
+// just before a connection broke), so they are a retryable 503: a retry with the same key then
+// replays or applies exactly once. A shard the router cannot connect or log in to is unavailable
+// too, as readyz says, even when the cause (a wrong password, a dropped database) lasts until an
+// operator acts: the client's request is not at fault and it must be told to come back. Only an
+// error the shard raised while running the statement is a 500, and even then the answer does not
+// say the transfer was not applied: storage promises no more than "the outcome is not known".
+func (s *Server) shardFailure(w http.ResponseWriter, shard string, err error, retry string) string {
+	var (
+		pgErr   *pgconn.PgError
+		connErr *pgconn.ConnectError
+	)
+	isPg := errors.As(err, &pgErr)
+	switch {
+	case errors.Is(err, topology.ErrShardBusy):
+		writeProblem(w, probShardBusy, retry, s.cfg.ShardPool.RetryAfter)
 		return outShardBusy
-	}
-	if errors.Is(err, idem.ErrNoPartition) {
+	case errors.Is(err, idem.ErrNoPartition):
 		s.log.Error("idempotency partition missing; transfers on this shard are refused until `router maintain` runs", "shard", shard, "err", err)
-		writeProblem(w, probStorageNotReady, "retry with the same Idempotency-Key", s.cfg.ShardPool.RetryAfter)
+		writeProblem(w, probStorageNotReady, retry, s.cfg.ShardPool.RetryAfter)
 		return outShardUnavailable
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && !retryableSQLState(pgErr.Code) {
-		s.log.Error("transfer failed on shard", "shard", shard, "sqlstate", pgErr.Code, "err", err)
-		writeProblem(w, probInternal, "the transfer was not applied", 0)
+	case isPg && loginRefusedSQLState(pgErr.Code):
+		s.log.Error("shard refuses the router's login; fix the shard's DSN or the shard", "shard", shard, "sqlstate", pgErr.Code, "err", err)
+	case isPg && !errors.As(err, &connErr) && !transientSQLState(pgErr.Code):
+		s.log.Error("shard call failed", "shard", shard, "sqlstate", pgErr.Code, "err", err)
+		writeProblem(w, probInternal, "the owning shard failed with an unexpected error; "+retry, 0)
 		return outError
+	default:
+		s.log.Warn("shard unavailable", "shard", shard, "err", err)
 	}
-	s.log.Warn("shard unavailable", "shard", shard, "err", err)
-	writeProblem(w, probShardUnavailable, "retry with the same Idempotency-Key", s.cfg.ShardPool.RetryAfter)
+	writeProblem(w, probShardUnavailable, retry, s.cfg.ShardPool.RetryAfter)
 	return outShardUnavailable
 }
 
-// retryableSQLState reports server errors that say "not now" rather than "never": connection
+// loginRefusedSQLState reports the errors of a shard that answers but will not open a session:
+// invalid authorization (wrong password, unknown role, pg_hba) and invalid catalog name (no such
+// database). They normally come wrapped in a *pgconn.ConnectError; either way the statement
+// never ran.
+func loginRefusedSQLState(code string) bool {
+	return strings.HasPrefix(code, "28") || strings.HasPrefix(code, "3D")
+}
+
+// transientSQLState reports server errors that say "not now" rather than "never": connection
 // exceptions, transaction rollbacks (serialization, deadlock), object not in prerequisite state
-// (lock timeout), insufficient resources, operator intervention (shutdown, cancel), system
-// errors, and a read-only transaction (a shard that failed over to a standby).
-func retryableSQLState(code string) bool {
+// (lock timeout), insufficient resources (too many connections), operator intervention
+// (shutdown, cancel), system errors, and a read-only transaction (a shard that failed over to a
+// standby).
+func transientSQLState(code string) bool {
+	if len(code) != 5 {
+		return false
+	}
 	switch code[:2] {
 	case "08", "40", "53", "55", "57", "58":
 		return true
@@ -394,7 +425,7 @@ func (s *Server) getTransfer(w http.ResponseWriter, r *http.Request) {
 	shard, _ := topo.Map.ShardFor(ksid)
 	conn := topo.Shard(shard.Name)
 	if err := conn.Enter(); err != nil {
-		writeProblem(w, probShardBusy, "", s.cfg.ShardPool.RetryAfter)
+		s.shardFailure(w, shard.Name, err, retryLater)
 		return
 	}
 	defer conn.Leave()
@@ -405,8 +436,7 @@ func (s *Server) getTransfer(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, idem.ErrNotFound):
 		writeProblem(w, probNotFound, "", 0)
 	case err != nil:
-		s.log.Warn("shard unavailable", "shard", shard.Name, "err", err)
-		writeProblem(w, probShardUnavailable, "", s.cfg.ShardPool.RetryAfter)
+		s.shardFailure(w, shard.Name, err, retryLater)
 	default:
 		writeJSON(w, http.StatusOK, transferView{ID: t.TransferID, Src: t.Src, Dst: t.Dst, Amount: t.Amount,
 			Currency: t.Currency, Reference: t.Reference, CreatedAt: t.CreatedAt.UTC().Format(time.RFC3339Nano)})

@@ -1,0 +1,228 @@
+package router
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardgate/shardgate/config"
+	"github.com/shardgate/shardgate/shardmap"
+	"github.com/shardgate/shardgate/topology"
+)
+
+// testServer is a Server over a one-shard map whose shard is at dsn, with its log and metrics
+// at hand. No test here needs the shard to answer: a request either fails before routing or
+// meets a shard that is down or refuses the router's login.
+type testServer struct {
+	*Server
+	logs *syncBuffer
+	reg  *prometheus.Registry
+}
+
+func newTestServer(t *testing.T, routerYAML, dsn string) *testServer {
+	t.Helper()
+	cfg, err := config.Parse("router.yaml", []byte(routerYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := shardmap.Parse("shardmap.yaml", fmt.Appendf(nil, "version: 1\nshards:\n  - name: s\n    dsn: %s\n    ranges: [\"-\"]\n", dsn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo, err := topology.Open(m, nil, cfg.ShardPool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(topo.Close)
+	logs := &syncBuffer{}
+	reg := prometheus.NewRegistry()
+	return &testServer{Server: New(cfg, topo, slog.New(slog.NewTextHandler(logs, nil)), reg), logs: logs, reg: reg}
+}
+
+// downDSN is a shard nothing listens on: connecting is refused at once.
+const downDSN = "postgres://u@127.0.0.1:1/db?sslmode=disable&connect_timeout=2"
+
+// syncBuffer is a log sink safe for the pool's goroutines and the handler's.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// refusingShard listens like PostgreSQL and answers every login with a FATAL error of SQLSTATE
+// code, as a shard does to a wrong password (28P01), an unknown role or pg_hba refusal (28000),
+// a dropped database (3D000) or a full server (53300). pgconn then returns exactly what a real
+// refusal gives: a *pgconn.ConnectError wrapping a *pgconn.PgError. It returns the shard's DSN.
+func refusingShard(t *testing.T, code string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				be := pgproto3.NewBackend(c, c)
+				for {
+					msg, err := be.ReceiveStartupMessage()
+					if err != nil {
+						return
+					}
+					switch msg.(type) {
+					case *pgproto3.SSLRequest, *pgproto3.GSSEncRequest:
+						if _, err := c.Write([]byte("N")); err != nil {
+							return
+						}
+						continue
+					}
+					be.Send(&pgproto3.ErrorResponse{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: code, Message: "refused by test shard"})
+					be.Flush() //nolint:errcheck // the client may have gone
+					return
+				}
+			})
+		}
+	})
+	return fmt.Sprintf("postgres://u:secret@%s/db?sslmode=disable&connect_timeout=2", ln.Addr())
+}
+
+// do serves one request; headers are name, value pairs.
+func (ts *testServer) do(method, target, body string, headers ...string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, target, strings.NewReader(body))
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Add(headers[i], headers[i+1])
+	}
+	rec := httptest.NewRecorder()
+	ts.ServeHTTP(rec, req)
+	return rec
+}
+
+// problemOf decodes an RFC 9457 answer, failing the test if it is not one.
+func problemOf(t *testing.T, rec *httptest.ResponseRecorder) problem {
+	t.Helper()
+	var p problem
+	if ct := rec.Header().Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("Content-Type %q, want application/problem+json; body %s", ct, rec.Body)
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
+		t.Fatalf("problem body %q: %v", rec.Body, err)
+	}
+	if p.Status != rec.Code {
+		t.Fatalf("problem status %d, HTTP status %d", p.Status, rec.Code)
+	}
+	return p
+}
+
+// wantProblem checks an answer's status, type and Retry-After presence.
+func wantProblem(t *testing.T, rec *httptest.ResponseRecorder, pt problemType, retryAfter bool) problem {
+	t.Helper()
+	p := problemOf(t, rec)
+	if rec.Code != pt.status || p.Type != ProblemBase+pt.slug {
+		t.Fatalf("got %d %s (%s), want %d %s", rec.Code, p.Type, p.Detail, pt.status, ProblemBase+pt.slug)
+	}
+	if got := rec.Header().Get("Retry-After") != ""; got != retryAfter {
+		t.Fatalf("Retry-After %q, want one: %t", rec.Header().Get("Retry-After"), retryAfter)
+	}
+	return p
+}
+
+const noAuth = "auth:\n  mode: none\n"
+
+const validTransfer = `{"src":8842,"dst":1190,"amount":2500}`
+
+// A shard the router cannot log in to (wrong password, unknown role or database, full) or cannot
+// reach at all is unavailable, as readyz says: a retryable 503, never a 500, on every path that
+// talks to a shard.
+func TestShardLoginRefusedIsUnavailable(t *testing.T) {
+	for _, tc := range []struct{ name, dsn string }{
+		{"wrong password 28P01", ""},
+		{"no such role 28000", ""},
+		{"no such database 3D000", ""},
+		{"too many connections 53300", ""},
+		{"connection refused", downDSN},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dsn := tc.dsn
+			if dsn == "" {
+				dsn = refusingShard(t, tc.name[len(tc.name)-5:])
+			}
+			ts := newTestServer(t, noAuth, dsn)
+			rec := ts.do("POST", "/transfers", validTransfer, "Idempotency-Key", "k1", "Content-Type", "application/json")
+			wantProblem(t, rec, probShardUnavailable, true)
+			id := TransferID(shardmap.KeyspaceID(8842), "anonymous:transfer", "k1")
+			wantProblem(t, ts.do("GET", "/transfers/"+id, ""), probShardUnavailable, true)
+			if strings.Contains(ts.logs.String(), "secret") {
+				t.Errorf("the log shows the shard's password:\n%s", ts.logs)
+			}
+		})
+	}
+}
+
+// The pgconn error values behind each answer: a refused login is a ConnectError wrapping a
+// PgError; the same codes unwrapped (a pooled connection's session ended) are no different. Only
+// an error the shard raised while running the statement is a 500, and a 500 does not claim to
+// know whether the transfer was applied.
+func TestShardFailureClassification(t *testing.T) {
+	ts := newTestServer(t, noAuth, downDSN)
+	pg := func(code string) error {
+		return fmt.Errorf("transfer: %w", &pgconn.PgError{Severity: "FATAL", Code: code, Message: "m"})
+	}
+	for _, tc := range []struct {
+		name    string
+		err     error
+		want    problemType
+		outcome string
+	}{
+		{"password", pg("28P01"), probShardUnavailable, outShardUnavailable},
+		{"authorization", pg("28000"), probShardUnavailable, outShardUnavailable},
+		{"database", pg("3D000"), probShardUnavailable, outShardUnavailable},
+		{"too many connections", pg("53300"), probShardUnavailable, outShardUnavailable},
+		{"admin shutdown", pg("57P01"), probShardUnavailable, outShardUnavailable},
+		{"read only standby", pg("25006"), probShardUnavailable, outShardUnavailable},
+		{"serialization", pg("40001"), probShardUnavailable, outShardUnavailable},
+		{"not a PgError", errors.New("unexpected EOF"), probShardUnavailable, outShardUnavailable},
+		{"no SQLSTATE", &pgconn.PgError{}, probInternal, outError},
+		{"migrations missing", pg("42883"), probInternal, outError},
+		{"busy", topology.ErrShardBusy, probShardBusy, outShardBusy},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			if got := ts.shardFailure(rec, "s", tc.err, retrySameKey); got != tc.outcome {
+				t.Errorf("outcome %q, want %q", got, tc.outcome)
+			}
+			p := wantProblem(t, rec, tc.want, tc.want.status == http.StatusServiceUnavailable)
+			if strings.Contains(p.Detail, "not applied") {
+				t.Errorf("detail %q claims to know the transfer was not applied", p.Detail)
+			}
+		})
+	}
+}
