@@ -6,7 +6,6 @@ package router
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -78,20 +77,6 @@ func New(cfg *config.Config, topo *topology.Topology, log *slog.Logger, reg *pro
 // AdminHandler serves /metrics and /admin/*, for the admin listener (config admin.listen).
 func (s *Server) AdminHandler() http.Handler { return s.admin }
 
-// requireToken lets through only requests bearing the token whose SHA-256 is want.
-func requireToken(want [32]byte, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		sum := sha256.Sum256([]byte(token))
-		if !ok || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="shardgate-admin"`)
-			writeProblem(w, probUnauthorized, "admin endpoints need Authorization: Bearer <admin token>", 0)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
@@ -112,29 +97,6 @@ func (s *Server) holdTopology() *topology.Topology {
 func (s *Server) SetTopology(t *topology.Topology) *topology.Topology { return s.topo.Swap(t) }
 
 var _ http.Handler = (*Server)(nil)
-
-// authenticate returns the client's name. Every configured hash is compared, in constant time,
-// so the time taken does not reveal which client or how much of a token matched.
-func (s *Server) authenticate(r *http.Request) (string, bool) {
-	if s.cfg.Auth.Mode == "none" {
-		return config.AnonymousClient, true
-	}
-	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || token == "" {
-		return "", false
-	}
-	sum := sha256.Sum256([]byte(token))
-	match := -1
-	for i := range s.cfg.Auth.Clients {
-		if subtle.ConstantTimeCompare(sum[:], s.cfg.Auth.Clients[i].TokenSHA256[:]) == 1 {
-			match = i
-		}
-	}
-	if match < 0 {
-		return "", false
-	}
-	return s.cfg.Auth.Clients[match].Name, true
-}
 
 // transferView is the JSON body describing a transfer.
 type transferView struct {
@@ -177,10 +139,10 @@ func (s *Server) postTransfer(w http.ResponseWriter, r *http.Request) {
 		s.metrics.transfers.WithLabelValues(outRejected, "").Inc()
 		writeProblem(w, pt, detail, 0)
 	}
-	client, ok := s.authenticate(r)
-	if !ok {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="shardgate"`)
-		reject(probUnauthorized, "send Authorization: Bearer <token> with a token configured for your client")
+	client, err := s.authenticate(r)
+	if err != nil {
+		challenge(w, clientRealm)
+		reject(probUnauthorized, err.Error())
 		return
 	}
 	keys := r.Header.Values("Idempotency-Key")
@@ -408,10 +370,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func (s *Server) getTransfer(w http.ResponseWriter, r *http.Request) {
-	client, ok := s.authenticate(r)
-	if !ok {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="shardgate"`)
-		writeProblem(w, probUnauthorized, "send Authorization: Bearer <token> with a token configured for your client", 0)
+	client, err := s.authenticate(r)
+	if err != nil {
+		challenge(w, clientRealm)
+		writeProblem(w, probUnauthorized, err.Error(), 0)
 		return
 	}
 	id := r.PathValue("id")

@@ -2,6 +2,7 @@ package router
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -223,6 +224,84 @@ func TestShardFailureClassification(t *testing.T) {
 			if strings.Contains(p.Detail, "not applied") {
 				t.Errorf("detail %q claims to know the transfer was not applied", p.Detail)
 			}
+		})
+	}
+}
+
+// tokenAuth has one client, "payments-api", with token "client-token", and admin token
+// "admin-token".
+var tokenAuth = fmt.Sprintf("auth:\n  mode: tokens\n  clients:\n    - name: payments-api\n      token_sha256: %x\nadmin:\n  token_sha256: %x\n",
+	sha256.Sum256([]byte("client-token")), sha256.Sum256([]byte("admin-token")))
+
+func TestBearerToken(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		values []string
+		want   string // empty: refused
+	}{
+		{"canonical", []string{"Bearer tok"}, "tok"},
+		{"lower-case scheme", []string{"bearer tok"}, "tok"},
+		{"upper-case scheme", []string{"BEARER tok"}, "tok"},
+		{"mixed-case scheme", []string{"bEaReR tok"}, "tok"},
+		{"several spaces", []string{"Bearer   tok"}, "tok"},
+		{"missing", nil, ""},
+		{"empty", []string{""}, ""},
+		{"scheme only", []string{"Bearer"}, ""},
+		{"scheme and space", []string{"Bearer "}, ""},
+		{"other scheme", []string{"Basic dG9rOg=="}, ""},
+		{"scheme prefix", []string{"Bearertok"}, ""},
+		{"two headers", []string{"Bearer tok", "Bearer tok"}, ""},
+		{"two headers, second empty", []string{"Bearer tok", ""}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := http.Header{}
+			for _, v := range tc.values {
+				h.Add("Authorization", v)
+			}
+			got, err := bearerToken(h)
+			if tc.want == "" {
+				if err == nil {
+					t.Fatalf("accepted %q as token %q", tc.values, got)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("got %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// The client and the admin token are read by the same rules: the scheme in any case, and two
+// Authorization headers are refused (401) rather than one of them picked.
+func TestAuthorizationHeader(t *testing.T) {
+	ts := newTestServer(t, tokenAuth, downDSN)
+	const body = `{"src":1,"dst":2,"amount":3}`
+	for _, scheme := range []string{"Bearer", "bearer", "BEARER"} {
+		// Admitted: the request goes on to the missing Idempotency-Key.
+		rec := ts.do("POST", "/transfers", body, "Authorization", scheme+" client-token")
+		wantProblem(t, rec, probMissingKey, false)
+		if rec := ts.do("GET", "/admin/shardmap", "", "Authorization", scheme+" admin-token"); rec.Code != http.StatusOK {
+			t.Errorf("admin with %q: %d %s", scheme, rec.Code, rec.Body)
+		}
+	}
+	for _, tc := range []struct{ name, method, target, token string }{
+		{"client", "POST", "/transfers", "client-token"},
+		{"admin", "GET", "/admin/shardmap", "admin-token"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, second := range []string{"Bearer " + tc.token, "Bearer wrong"} {
+				rec := ts.do(tc.method, tc.target, body, "Authorization", "Bearer "+tc.token, "Authorization", second)
+				p := wantProblem(t, rec, probUnauthorized, false)
+				if !strings.Contains(p.Detail, "exactly one Authorization header") {
+					t.Errorf("detail %q does not say to send one Authorization header", p.Detail)
+				}
+				if !strings.HasPrefix(rec.Header().Get("WWW-Authenticate"), "Bearer ") {
+					t.Errorf("no Bearer challenge: %q", rec.Header().Get("WWW-Authenticate"))
+				}
+			}
+			wantProblem(t, ts.do(tc.method, tc.target, body, "Authorization", "Bearer wrong"), probUnauthorized, false)
+			wantProblem(t, ts.do(tc.method, tc.target, body, "Authorization", "Basic "+tc.token), probUnauthorized, false)
 		})
 	}
 }
