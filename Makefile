@@ -44,12 +44,15 @@ fuzz:
 	$(GO) test ./router -run '^$$' -fuzz '^FuzzPostTransfer$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./shardmap -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME)
 
-## bench: router vs pgbench, side by side (see README "Performance")
+## bench: one table of transfers/s at concurrency 1, 8, 64 and 256: the anchor CTE and the
+## router's function under pgbench, the router on new keys and replays, and a bare net/http floor;
+## and the router's latency with group commit on and off (see README "Performance")
 bench: deps
 	$(GO) test ./test/bench -run '^$$' -bench . -benchtime 1x -timeout 20m
 
+## bench-smoke: the same phases at concurrency 1 and 8 for 1 s each, every phase checking its rows
 bench-smoke: deps
-	$(GO) test ./test/bench -run '^$$' -bench . -benchtime 1x -timeout 10m -args -bench.duration 3s
+	$(GO) test ./test/bench -run '^$$' -bench . -benchtime 1x -timeout 10m -args -bench.duration 1s -bench.concurrency 1,8
 
 build:
 	CGO_ENABLED=0 $(GO) build -o bin/router ./cmd/router

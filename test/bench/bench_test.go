@@ -1,196 +1,155 @@
-// Package bench measures what the router costs on top of its shard. In one run on one machine
-// it alternates pgbench, executing the statement the router sends (testdata/*.sql), with the
-// router serving POST /transfers over real HTTP/TCP to an in-process load generator, at the same
-// concurrency against the same durable PostgreSQL, and reports transfers per second of both and
-// their ratio, for new keys and for replays:
+// Package bench measures what the router costs on top of PostgreSQL and on top of HTTP. In one
+// run, on one machine and one durable PostgreSQL, it measures at each concurrency (1, 8, 64 and
+// 256 by default) the transfers per second of
+//
+//   - anchor: pgbench on the plain one-statement CTE (testdata/anchor.sql), one commit per
+//     transfer, on an unpartitioned key table and ledger of its own (schema anchor);
+//   - function: pgbench on the per-item function the router calls (testdata/transfer_new.sql);
+//   - router new and router replay: the router, built by service.New and served over real
+//     HTTP/TCP, under the in-process load generator, with new keys and with replays;
+//   - floor: a bare net/http handler that decodes the same body and writes the router's 201,
+//     under the same load generator: what HTTP alone costs here;
+//
+// and prints them as one table with the ratios router-new/anchor and router-replay/floor, and
+// the router's p50 and p99 latency on new keys at concurrency 1 and 8 with group commit on and
+// off:
 //
 //	go test ./test/bench -run '^$' -bench . -benchtime 1x
-//	go test ./test/bench -run '^$' -bench . -benchtime 1x -args -bench.duration 3s -bench.clients 16 -bench.rounds 3
+//	go test ./test/bench -run '^$' -bench . -benchtime 1x -args -bench.duration 5s -bench.concurrency 8,64 -bench.rounds 2
 //
-// A round is four phases: pgbench on new keys, the router on new keys, pgbench replaying keys it
-// created, the router replaying keys it created; odd rounds run the router before pgbench. The
-// defaults (2 rounds of 5 s phases, 8 clients) give each side 10 s per workload and take under a
-// minute. Absolute numbers depend on the machine and on whatever else runs on it; the ratios are
-// the result. Nothing here asserts a throughput, since a timed assertion would flake. Each phase
-// is checked for correctness instead: every new-key request applied exactly one transfer and
-// every replay applied none.
+// Each parameter is also read from the environment (see the flags). Every phase checks the rows
+// it wrote: each new-key transfer one ledger row and one idempotency record, each replay none,
+// each anchor transaction one row in its ledger and one in its key table. Absolute numbers
+// depend on the machine and on whatever else runs on it; nothing here asserts a throughput,
+// since a timed assertion would flake.
 package bench
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"log/slog"
 	"math"
-	"net"
-	"net/http"
 	"os"
-	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
-	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/shardgate/shardgate/config"
-	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/internal/localpg"
-	"github.com/shardgate/shardgate/internal/service"
-	"github.com/shardgate/shardgate/partition"
-	"github.com/shardgate/shardgate/rangemove"
-	"github.com/shardgate/shardgate/router"
 )
 
+// The parameters, each a flag or, when the flag is not given, an environment variable.
 var (
-	flagDuration = flag.Duration("bench.duration", 5*time.Second,
-		"length of each phase, whole seconds (default from $"+envDuration+")")
-	flagClients = flag.Int("bench.clients", 8,
-		"concurrency: pgbench clients and threads, and load generator workers (default from $"+envClients+")")
-	flagRounds = flag.Int("bench.rounds", 2,
-		"how many times the four phases run; odd rounds run the router before pgbench (default from $"+envRounds+")")
+	paramDuration = newParam("bench.duration", "SHARDGATE_BENCH_DURATION", "3s",
+		"length of each phase, whole seconds")
+	paramRounds = newParam("bench.rounds", "SHARDGATE_BENCH_ROUNDS", "1",
+		"how many times every phase runs; odd rounds run a concurrency's phases in reverse order")
+	paramConcurrency = newParam("bench.concurrency", "SHARDGATE_BENCH_CONCURRENCY", "1,8,64,256",
+		"concurrencies to measure: pgbench clients, load generator workers")
+	paramLatency = newParam("bench.latency", "SHARDGATE_BENCH_LATENCY", "1,8",
+		"concurrencies, among -bench.concurrency, at which the router's latency is measured with group commit on and off; empty for none")
 )
 
 const (
-	envDuration = "SHARDGATE_BENCH_DURATION"
-	envClients  = "SHARDGATE_BENCH_CLIENTS"
-	envRounds   = "SHARDGATE_BENCH_ROUNDS"
-	// maxClients keeps a client id within the 1024 that transfer_new.sql's keys encode.
-	maxClients = 500
-	// maxRounds keeps the counters of transfer_new.sql, roundStride apart, within permute's 2^40.
-	maxRounds   = 100
-	roundStride = 1 << 24
-	// warmup is how long the router runs before the measured phases, so that its shard
-	// connections are open and its statement prepared, as pgbench's are when it starts timing.
-	warmup = time.Second
-	// scope and client are what the router uses in auth mode none.
-	client = config.AnonymousClient
-	scope  = client + ":transfer"
+	// maxConcurrency keeps a client id within the 1024 that transfer_new.sql's keys encode.
+	maxConcurrency = 500
+	// maxLevels and maxRounds keep the runs of transfer_new.sql, each starting its count
+	// runStride past the previous one, within permute's 2^40.
+	maxLevels = 16
+	maxRounds = 100
+	runStride = 1 << 24
 )
 
 // settings are the benchmark's parameters after flags and environment.
 type settings struct {
-	duration time.Duration // of one phase
-	clients  int
-	rounds   int
+	duration    time.Duration // of one phase
+	rounds      int
+	concurrency []int // ascending
+	latency     []int // ascending, a subset of concurrency
 }
 
-// loadSettings takes each parameter from its flag if given, else from the environment, else
-// the flag's default.
+// param is a benchmark parameter: a flag, else an environment variable, else the default.
+type param struct {
+	name, env string
+	flag      *string
+}
+
+func newParam(name, env, def, usage string) param {
+	return param{name: name, env: env, flag: flag.String(name, def, usage+" (or $"+env+")")}
+}
+
+// get returns the parameter's text: its flag's if given on the command line, else its
+// environment variable's if set, else the flag's default; and where it came from, for error
+// messages.
+func (p param) get(given map[string]bool) (value, source string) {
+	if v := os.Getenv(p.env); v != "" && !given[p.name] {
+		return v, "$" + p.env
+	}
+	return *p.flag, "-" + p.name
+}
+
+// loadSettings reads and checks every parameter, reporting the first that is wrong.
 func loadSettings() (settings, error) {
 	given := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	s := settings{duration: *flagDuration, clients: *flagClients, rounds: *flagRounds}
-	if v := os.Getenv(envDuration); v != "" && !given["bench.duration"] {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return s, fmt.Errorf("$%s=%q: %w (use e.g. 5s)", envDuration, v, err)
+	var s settings
+	v, src := paramDuration.get(given)
+	d, err := time.ParseDuration(v)
+	if err != nil || d < time.Second || d%time.Second != 0 {
+		return s, fmt.Errorf("%s %q: a phase lasts a whole number of seconds, at least 1s (pgbench -T takes seconds), e.g. 3s", src, v)
+	}
+	s.duration = d
+	v, src = paramRounds.get(given)
+	if s.rounds, err = strconv.Atoi(v); err != nil || s.rounds < 1 || s.rounds > maxRounds {
+		return s, fmt.Errorf("%s %q: rounds must be a whole number from 1 to %d", src, v, maxRounds)
+	}
+	v, src = paramConcurrency.get(given)
+	if s.concurrency, err = parseLevels(v); err != nil {
+		return s, fmt.Errorf("%s %q: %w", src, v, err)
+	}
+	if len(s.concurrency) == 0 {
+		return s, fmt.Errorf("%s: name at least one concurrency, e.g. 1,8,64,256", src)
+	}
+	v, src = paramLatency.get(given)
+	if s.latency, err = parseLevels(v); err != nil {
+		return s, fmt.Errorf("%s %q: %w", src, v, err)
+	}
+	for _, c := range s.latency {
+		if !slices.Contains(s.concurrency, c) {
+			return s, fmt.Errorf("%s: concurrency %d is not among -bench.concurrency %v: add it there or drop it here", src, c, s.concurrency)
 		}
-		s.duration = d
-	}
-	for _, e := range []struct {
-		env, flag string
-		dst       *int
-	}{{envClients, "bench.clients", &s.clients}, {envRounds, "bench.rounds", &s.rounds}} {
-		if v := os.Getenv(e.env); v != "" && !given[e.flag] {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				return s, fmt.Errorf("$%s=%q is not a whole number", e.env, v)
-			}
-			*e.dst = n
-		}
-	}
-	if s.duration < time.Second || s.duration%time.Second != 0 {
-		return s, fmt.Errorf("phase duration %v must be a whole number of seconds, at least 1s: pgbench -T takes seconds", s.duration)
-	}
-	if s.clients < 1 || s.clients > maxClients {
-		return s, fmt.Errorf("clients %d must be between 1 and %d", s.clients, maxClients)
-	}
-	if s.rounds < 1 || s.rounds > maxRounds {
-		return s, fmt.Errorf("rounds %d must be between 1 and %d", s.rounds, maxRounds)
 	}
 	return s, nil
 }
 
-// workload is what the requests do: apply new transfers, or replay applied ones.
-type workload int
-
-const (
-	newKeys workload = iota
-	replays
-)
-
-func (w workload) String() string { return [...]string{"new keys", "replays"}[w] }
-
-// side is who sends the statements: pgbench directly, or the router for the load generator.
-type side int
-
-const (
-	pgbenchSide side = iota
-	routerSide
-)
-
-func (s side) String() string { return [...]string{"pgbench", "router"}[s] }
-
-// measurement is what one side did in one or more phases of one workload.
-type measurement struct {
-	txns      int64
-	elapsed   time.Duration // pgbench's excludes connecting, as its tps does
-	clientCPU time.Duration // the pgbench process, or this process (router and load generator)
-	pgCPU     time.Duration // every PostgreSQL process; negative if unknown
-	latency   time.Duration // summed over the transactions, as their sender saw it
-	// shardTime and shardCalls are the router's own measure of its shard calls, from its
-	// shardgate_shard_request_duration_seconds histogram; shardCalls is 0 for pgbench.
-	shardTime  time.Duration
-	shardCalls uint64
-	phaseTPS   []float64 // of each phase added
-}
-
-func (m measurement) tps() float64 { return float64(m.txns) / m.elapsed.Seconds() }
-
-func (m *measurement) add(o measurement) {
-	m.phaseTPS = append(m.phaseTPS, o.tps())
-	m.txns += o.txns
-	m.elapsed += o.elapsed
-	m.clientCPU += o.clientCPU
-	m.latency += o.latency
-	m.shardTime += o.shardTime
-	m.shardCalls += o.shardCalls
-	if m.pgCPU < 0 || o.pgCPU < 0 {
-		m.pgCPU = -1
-	} else {
-		m.pgCPU += o.pgCPU
+// parseLevels parses a comma-separated list of distinct concurrencies and sorts it.
+func parseLevels(list string) ([]int, error) {
+	var levels []int
+	for f := range strings.SplitSeq(list, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		c, err := strconv.Atoi(f)
+		if err != nil || c < 1 || c > maxConcurrency {
+			return nil, fmt.Errorf("concurrency %q must be a whole number from 1 to %d", f, maxConcurrency)
+		}
+		if slices.Contains(levels, c) {
+			return nil, fmt.Errorf("concurrency %d is listed twice", c)
+		}
+		levels = append(levels, c)
 	}
-}
-
-// perTxn formats CPU time per transaction in microseconds.
-func (m measurement) perTxn(cpu time.Duration) string {
-	if m.txns == 0 || cpu < 0 {
-		return "n/a"
+	if len(levels) > maxLevels {
+		return nil, fmt.Errorf("%d concurrencies: at most %d", len(levels), maxLevels)
 	}
-	return fmt.Sprintf("%.0f", float64(cpu.Microseconds())/float64(m.txns))
+	slices.Sort(levels)
+	return levels, nil
 }
 
-// meanLatency formats the mean of total over n in milliseconds.
-func meanLatency(total time.Duration, n uint64) string {
-	if n == 0 || total <= 0 {
-		return "n/a"
-	}
-	return fmt.Sprintf("%.2f", float64(total)/float64(n)/float64(time.Millisecond))
-}
-
-// BenchmarkRouterVsPgbench runs its phases once, whatever b.N is: each phase is timed by its
-// duration, not by a number of iterations. Every round runs pgbench and the router on new keys,
-// then on replays; odd rounds run the router first, so that neither side always meets the
-// machine (and the tables) in the state the other left.
-func BenchmarkRouterVsPgbench(b *testing.B) {
+// BenchmarkTransfers runs every phase once per round, whatever b.N is: each phase is timed by
+// its duration, not by a number of iterations.
+func BenchmarkTransfers(b *testing.B) {
 	s, err := loadSettings()
 	if err != nil {
 		b.Fatal(err)
@@ -203,459 +162,255 @@ func BenchmarkRouterVsPgbench(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(4*s.rounds)*s.duration+5*time.Minute)
+	phases := 0
+	for _, c := range s.concurrency {
+		phases += len(phasesAt(c, s))
+	}
+	budget := time.Duration(s.rounds) * (time.Duration(phases)*(s.duration+2*time.Second) + time.Duration(len(s.concurrency))*2*warmup)
+	ctx, cancel := context.WithTimeout(context.Background(), budget+5*time.Minute)
 	defer cancel()
 
-	f := setup(ctx, b, s)
-	pb := pgbench{
-		bin: pgbenchBin, host: "127.0.0.1", port: f.pg.Port(), user: pgUser, db: pgDatabase,
-		clients: s.clients, seconds: int(s.duration / time.Second),
-	}
-	if pb.vars, err = f.pgbenchVars(ctx); err != nil {
-		b.Fatal(err)
-	}
-	newScript, replayScript := testdataPath(b, "transfer_new.sql"), testdataPath(b, "transfer_replay.sql")
-	pbKeys := newPgbenchKeys(s.clients)
-	var created []transfer // by the router, for its replays
-
-	run := func(w workload, sd side, round int) (measurement, error) {
-		switch {
-		case w == newKeys && sd == pgbenchSide:
-			pb.scriptPath = newScript
-			pb.vars["n"] = strconv.Itoa(round * roundStride)
-			m, err := f.runPgbench(ctx, pb)
-			if err == nil {
-				err = pbKeys.update(ctx, f, m.txns, pb.vars["request_hash"])
-			}
-			return m, err
-		case w == newKeys && sd == routerSide:
-			m, c, err := f.runRouter(ctx, s.clients, s.duration, nil)
-			created = append(created, c...)
-			return m, err
-		case sd == pgbenchSide:
-			pb.scriptPath = replayScript
-			pb.vars["clients"] = strconv.Itoa(s.clients)
-			pb.vars["rounds"] = strconv.Itoa(round + 1)
-			pb.vars["per_client"] = strconv.FormatInt(pbKeys.fewest, 10)
-			return f.runPgbench(ctx, pb)
-		default:
-			m, _, err := f.runRouter(ctx, s.clients, s.duration, created)
-			return m, err
-		}
-	}
-	var total [2][2]measurement // [workload][side]
+	f := setup(ctx, b, s, pgbenchBin)
+	res := newResults(len(s.concurrency))
 	for round := range s.rounds {
-		order := []side{pgbenchSide, routerSide}
-		if round%2 == 1 {
-			order = []side{routerSide, pgbenchSide}
-		}
-		for _, w := range []workload{newKeys, replays} {
-			for _, sd := range order {
-				name := fmt.Sprintf("round %d: %s %s", round+1, sd, w)
-				total[w][sd].add(f.phase(ctx, b, name, w, func() (measurement, error) { return run(w, sd, round) }))
-			}
+		for i, c := range s.concurrency {
+			f.runLevel(ctx, b, s, round, c, &res[i])
 		}
 	}
-
-	pgNew, routerNew := total[newKeys][pgbenchSide], total[newKeys][routerSide]
-	pgReplay, routerReplay := total[replays][pgbenchSide], total[replays][routerSide]
-	b.ReportMetric(pgNew.tps(), "pgbench_new_tps")
-	b.ReportMetric(routerNew.tps(), "router_new_tps")
-	b.ReportMetric(routerNew.tps()/pgNew.tps(), "new_ratio")
-	b.ReportMetric(pgReplay.tps(), "pgbench_replay_tps")
-	b.ReportMetric(routerReplay.tps(), "router_replay_tps")
-	b.ReportMetric(routerReplay.tps()/pgReplay.tps(), "replay_ratio")
-
-	// At most 9 lines: the testing package cuts a benchmark's log after that.
-	var out strings.Builder
-	fmt.Fprintf(&out, "%d clients, %d round(s) of %v phases, durable PostgreSQL (%s), GOMAXPROCS %d on %d cores\n",
-		s.clients, s.rounds, s.duration, f.durability, runtime.GOMAXPROCS(0), runtime.NumCPU())
-	tw := tabwriter.NewWriter(&out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "\tpgbench tps\trouter tps\trouter/pgbench\ttps of each phase: pgbench; router")
-	for _, w := range []workload{newKeys, replays} {
-		pg, rt := total[w][pgbenchSide], total[w][routerSide]
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.1f%%\t%s; %s\n", w, pg.tps(), rt.tps(), 100*rt.tps()/pg.tps(),
-			formatTPS(pg.phaseTPS), formatTPS(rt.phaseTPS))
-	}
-	tw.Flush()
-	tw = tabwriter.NewWriter(&out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "\tmean latency ms: pgbench\trouter\trouter's shard call\tCPU µs/transfer: pgbench\trouter+loadgen\tpostgres w/ pgbench\tpostgres w/ router")
-	for _, w := range []workload{newKeys, replays} {
-		pg, rt := total[w][pgbenchSide], total[w][routerSide]
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", w,
-			meanLatency(pg.latency, uint64(pg.txns)), meanLatency(rt.latency, uint64(rt.txns)), meanLatency(rt.shardTime, rt.shardCalls),
-			pg.perTxn(pg.clientCPU), rt.perTxn(rt.clientCPU), pg.perTxn(pg.pgCPU), rt.perTxn(rt.pgCPU))
-	}
-	tw.Flush()
-	b.Log(strings.TrimSuffix(out.String(), "\n"))
+	fmt.Print(report(f, s, res))
 }
 
-func formatTPS(tps []float64) string {
-	s := make([]string, len(tps))
-	for i, v := range tps {
-		s[i] = strconv.FormatFloat(v, 'f', 0, 64)
-	}
-	return strings.Join(s, " ")
-}
-
-// fixture is one durable shard and a router in front of it.
-type fixture struct {
-	pg         *localpg.Server
-	admin      *pgxpool.Pool // for setup and checks, not used by either side under test
-	load       *loadgen
-	metrics    *prometheus.Registry // the router's
-	durability string
-}
+// row is one line of the throughput table, and what the phase measuring it must write.
+type row int
 
 const (
-	pgUser     = "shardgate"
-	pgDatabase = "ledger"
+	anchorRow row = iota
+	functionRow
+	routerNewRow
+	routerReplayRow
+	floorRow
+	// routerOffRow is the router on new keys with group commit off, measured only at the
+	// latency concurrencies; it is reported in the latency table.
+	routerOffRow
+	numRows
 )
 
-// setup starts a durable shard, migrates it, gives it the whole keyspace, serves the router in
-// front of it on a loopback TCP port and warms the router up.
-func setup(ctx context.Context, b *testing.B, s settings) *fixture {
-	dir := b.TempDir()
-	pg, err := localpg.Start(ctx, localpg.Options{
-		Dir:      filepath.Join(dir, "pg"),
-		User:     pgUser,
-		Database: pgDatabase,
-		Durable:  true, // fsync on: a commit costs what it costs in production
-		// pgbench's and the router's connections, the admin pool, and some to spare.
-		Settings: map[string]string{"max_connections": strconv.Itoa(2*s.clients + 20)},
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		if err := pg.Close(); err != nil {
-			b.Error(err)
-		}
-	})
-	f := &fixture{pg: pg}
-	if f.admin, err = pgxpool.New(ctx, pg.DSN()); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(f.admin.Close)
-	var fsync, syncCommit string
-	if err := f.admin.QueryRow(ctx, "SELECT current_setting('fsync'), current_setting('synchronous_commit')").Scan(&fsync, &syncCommit); err != nil {
-		b.Fatal(err)
-	}
-	f.durability = "fsync=" + fsync + " synchronous_commit=" + syncCommit
-	if fsync != "on" || syncCommit != "on" {
-		b.Fatalf("the shard runs with %s; the benchmark needs PostgreSQL's durable defaults", f.durability)
-	}
-
-	if _, err := idem.Migrate(ctx, f.admin); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := idem.EnsurePartitions(ctx, f.admin, partition.Daily, time.Now(), 2); err != nil {
-		b.Fatal(err)
-	}
-	mapPath := filepath.Join(dir, "shardmap.yaml")
-	mapYAML := fmt.Sprintf("version: 1\nshards:\n  - name: shard-0\n    dsn: %s\n    ranges: [\"-\"]\n", pg.DSN())
-	cfgPath := filepath.Join(dir, "router.yaml")
-	// Auth mode none: token checking is a constant cost that pgbench has no counterpart for.
-	// The router gets as many shard connections as pgbench has.
-	cfgYAML := fmt.Sprintf("listen: 127.0.0.1:0\nshardmap: shardmap.yaml\nauth:\n  mode: none\nshard_pool:\n  max_conns: %d\n", s.clients)
-	if err := os.WriteFile(mapPath, []byte(mapYAML), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	if err := os.WriteFile(cfgPath, []byte(cfgYAML), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	cfg, m, err := service.Load(cfgPath)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := rangemove.ApplyMap(ctx, m, func(string) *pgxpool.Pool { return f.admin }, partition.Daily); err != nil {
-		b.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	}
-	svc, err := service.New(cfg, m, log)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(svc.Close)
-	f.metrics = svc.Registry
-	srv := svc.Router
-
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	// The timeouts `router serve` uses: each costs a deadline per request.
-	hs := &http.Server{
-		Handler:           srv,
-		ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout,
-		ReadTimeout:       cfg.HTTP.ReadTimeout,
-		WriteTimeout:      cfg.HTTP.WriteTimeout,
-		IdleTimeout:       cfg.HTTP.IdleTimeout,
-		MaxHeaderBytes:    cfg.HTTP.MaxHeaderBytes,
-	}
-	served := make(chan error, 1)
-	go func() { served <- hs.Serve(ln) }()
-	b.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := hs.Shutdown(sctx); err != nil {
-			b.Error(err)
-		}
-		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
-			b.Error(err)
-		}
-	})
-	f.load = newLoadgen("http://"+ln.Addr().String(), s.clients)
-	b.Cleanup(f.load.client.CloseIdleConnections)
-
-	if res := f.load.run(ctx, s.clients, warmup, nil); res.err != nil {
-		b.Fatalf("warming the router up: %v", res.err)
-	}
-	return f
+func (r row) String() string {
+	return [...]string{"anchor CTE", "function", "router new", "router replay", "floor", "router new, group commit off"}[r]
 }
 
-// pgbenchVars returns the values transfer_new.sql and transfer_replay.sql take from -D: the
-// router's scope, client and currency, one request hash of the router's form, and a response
-// the router stored during the warm-up, so that pgbench stores responses of the same size.
-func (f *fixture) pgbenchVars(ctx context.Context) (map[string]string, error) {
-	var response string
-	if err := f.admin.QueryRow(ctx, "SELECT response::text FROM idempotency_record WHERE scope = $1 LIMIT 1", scope).Scan(&response); err != nil {
-		return nil, fmt.Errorf("reading a response the router stored during the warm-up: %w", err)
+// phasesAt lists the rows measured at concurrency c, in the order a round measures them.
+func phasesAt(c int, s settings) []row {
+	rows := []row{anchorRow, functionRow, routerNewRow, routerReplayRow, floorRow}
+	if slices.Contains(s.latency, c) {
+		rows = slices.Insert(rows, 3, routerOffRow)
 	}
-	return map[string]string{
-		"scope":        scope,
-		"client":       client,
-		"currency":     "EUR",
-		"request_hash": router.Fingerprint(http.MethodPost, "/transfers", router.TransferInput{Src: 1, Dst: 2, Amount: 1, Currency: "EUR"}),
-		"response":     response,
-	}, nil
+	return rows
 }
 
-// phase runs one measured phase and checks what it wrote to the shard: a new-key phase must
-// have applied exactly one transfer (one ledger row, one idempotency record) per transaction it
-// counted, a replay phase none.
-func (f *fixture) phase(ctx context.Context, b *testing.B, name string, w workload, run func() (measurement, error)) measurement {
-	ledger0, records0, err := f.counts(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	pgCPU0, pgErr := postgresCPU(f.pg.PID())
-	m, err := run()
-	if err != nil {
-		b.Fatalf("%s: %v", name, err)
-	}
-	pgCPU1, pgErr1 := postgresCPU(f.pg.PID())
-	m.pgCPU = pgCPU1 - pgCPU0
-	if pgErr != nil || pgErr1 != nil {
-		m.pgCPU = -1 // shown as n/a
-	}
-	ledger1, records1, err := f.counts(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	want := int64(0)
-	if w == newKeys {
-		want = m.txns
-	}
-	if ledger1-ledger0 != want || records1-records0 != want {
-		b.Fatalf("%s: %d transactions wrote %d ledger rows and %d idempotency records; want %d of each",
-			name, m.txns, ledger1-ledger0, records1-records0, want)
-	}
-	if m.txns == 0 {
-		b.Fatalf("%s: no transfer completed", name)
-	}
-	return m
+// results holds, per concurrency, what each row measured over all rounds.
+type results [][numRows]measurement
+
+func newResults(levels int) results { return make(results, levels) }
+
+// measurement is what one row measured in one or more phases.
+type measurement struct {
+	txns      int64
+	elapsed   time.Duration   // pgbench's excludes connecting, as its tps does
+	latencies []time.Duration // of each request, sorted; load generator phases only
 }
 
-func (f *fixture) counts(ctx context.Context) (ledger, records int64, err error) {
-	err = f.admin.QueryRow(ctx, "SELECT (SELECT count(*) FROM ledger_entries), (SELECT count(*) FROM idempotency_record)").Scan(&ledger, &records)
-	return ledger, records, err
-}
-
-func (f *fixture) runPgbench(ctx context.Context, pb pgbench) (measurement, error) {
-	rep, cpu, err := pb.run(ctx)
-	if err != nil {
-		return measurement{}, err
-	}
-	if rep.tps <= 0 {
-		return measurement{}, fmt.Errorf("pgbench reports %g tps", rep.tps)
-	}
-	elapsed := time.Duration(float64(rep.processed) / rep.tps * float64(time.Second))
-	return measurement{txns: rep.processed, elapsed: elapsed, clientCPU: cpu, latency: rep.latency * time.Duration(rep.processed)}, nil
-}
-
-// runRouter runs the load generator for one phase: new keys with replay nil, else replays of
-// replay. It returns the transfers created.
-func (f *fixture) runRouter(ctx context.Context, clients int, d time.Duration, replay []transfer) (measurement, []transfer, error) {
-	cpu0 := processCPU()
-	shardTime0, shardCalls0 := f.shardTime()
-	res := f.load.run(ctx, clients, d, replay)
-	shardTime1, shardCalls1 := f.shardTime()
-	m := measurement{
-		txns: res.ok, elapsed: res.elapsed, clientCPU: processCPU() - cpu0, latency: res.latency,
-		shardTime: shardTime1 - shardTime0, shardCalls: shardCalls1 - shardCalls0,
-	}
-	return m, res.created, res.err
-}
-
-// shardTimeMetric is the router's histogram of its calls to shards.
-const shardTimeMetric = "shardgate_shard_request_duration_seconds"
-
-// shardTime returns the total duration and number of the router's shard calls so far, or zeros
-// if the router no longer exports shardTimeMetric.
-func (f *fixture) shardTime() (time.Duration, uint64) {
-	families, err := f.metrics.Gather()
-	if err != nil {
-		return 0, 0
-	}
-	var sum float64
-	var n uint64
-	for _, fam := range families {
-		if fam.GetName() != shardTimeMetric {
-			continue
-		}
-		for _, m := range fam.GetMetric() {
-			sum += m.GetHistogram().GetSampleSum()
-			n += m.GetHistogram().GetSampleCount()
-		}
-	}
-	return time.Duration(sum * float64(time.Second)), n
-}
-
-// pgbenchKeys follows the keys transfer_new.sql created, to tell transfer_replay.sql which
-// exist: in round r, client c created keys n = r*roundStride+1 … r*roundStride+count, and the
-// client id is the key's value modulo 1024.
-type pgbenchKeys struct {
-	clients int
-	total   map[int64]int64 // keys per client, over all rounds so far
-	fewest  int64           // the fewest keys any client created in any round
-}
-
-func newPgbenchKeys(clients int) *pgbenchKeys {
-	return &pgbenchKeys{clients: clients, total: map[int64]int64{}, fewest: math.MaxInt64}
-}
-
-// update accounts for a pgbench run that reported txns transactions: each must have created a
-// key, and every client must have created at least one. It also replays one key with the
-// router's statement, which checks that transfer_replay.sql will be answered "replayed".
-func (k *pgbenchKeys) update(ctx context.Context, f *fixture, txns int64, requestHash string) error {
-	rows, err := f.admin.Query(ctx, `SELECT key::bigint % 1024, count(*) FROM idempotency_record
-		WHERE scope = $1 AND key ~ '^[0-9]{26}$' GROUP BY 1`, scope)
-	if err != nil {
-		return fmt.Errorf("counting pgbench's keys: %w", err)
-	}
-	total, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]int64, error) {
-		var v [2]int64
-		err := r.Scan(&v[0], &v[1])
-		return v, err
-	})
-	if err != nil {
-		return fmt.Errorf("counting pgbench's keys: %w", err)
-	}
-	now := make(map[int64]int64, len(total))
-	for _, v := range total {
-		now[v[0]] = v[1]
-	}
-	var created int64
-	for c := range int64(k.clients) {
-		n := now[c] - k.total[c]
-		if n < 1 {
-			return fmt.Errorf("pgbench client %d created no key in this run: raise -bench.duration", c)
-		}
-		created += n
-		k.fewest = min(k.fewest, n)
-		k.total[c] = now[c]
-	}
-	if created != txns || len(now) != k.clients {
-		return fmt.Errorf("pgbench reported %d transactions from %d clients; the shard holds %d new keys from %d clients",
-			txns, k.clients, created, len(now))
-	}
-	var sample, outcome string
-	err = f.admin.QueryRow(ctx, `SELECT key FROM idempotency_record WHERE scope = $1 AND key ~ '^[0-9]{26}$' LIMIT 1`, scope).Scan(&sample)
-	if err == nil {
-		err = f.admin.QueryRow(ctx, `SELECT outcome FROM shardgate_transfer($1, $2, $3, 0, '', $4, 1, 2, 1, 'EUR', NULL, '{}')`,
-			scope, sample, requestHash, client).Scan(&outcome)
-	}
-	if err != nil {
-		return fmt.Errorf("replaying one of pgbench's keys: %w", err)
-	}
-	if outcome != string(idem.Replayed) {
-		return fmt.Errorf("replaying pgbench's key %s gave %q, want %q", sample, outcome, idem.Replayed)
-	}
-	return nil
-}
-
-func testdataPath(b *testing.B, name string) string {
-	p, err := filepath.Abs(filepath.Join("testdata", name))
-	if err != nil {
-		b.Fatal(err)
-	}
-	return p
-}
-
-// processCPU returns the CPU time this process has used: the router and the load generator.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+func (m measurement) tps() float64 {
+	if m.elapsed <= 0 {
 		return 0
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return float64(m.txns) / m.elapsed.Seconds()
 }
 
-// clockTick is the unit of /proc/PID/stat's times (USER_HZ, 100 on every Linux platform Go
-// supports).
-const clockTick = 10 * time.Millisecond
+func (m *measurement) add(o measurement) {
+	m.txns += o.txns
+	m.elapsed += o.elapsed
+	if len(o.latencies) > 0 {
+		m.latencies = append(m.latencies, o.latencies...)
+		slices.Sort(m.latencies)
+	}
+}
 
-// postgresCPU returns the CPU time used so far by the postmaster pid and its processes: the
-// live ones, and those that exited (the kernel adds them to the postmaster's children's times
-// once it reaps them).
-func postgresCPU(pid int) (time.Duration, error) {
-	if pid == 0 {
-		return 0, errors.New("postgres is not running")
+// percentile returns the nearest-rank p-quantile (0 < p <= 1) of sorted, or 0 if it is empty.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
 	}
-	_, own, children, err := procStat(pid)
-	if err != nil {
-		return 0, err
+	i := int(math.Ceil(p*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// report formats the results as one table, with the machine and the settings above it.
+func report(f *fixture, s settings, res results) string {
+	var out strings.Builder
+	fmt.Fprintf(&out, "\nmachine: %d cores, GOMAXPROCS %d; PostgreSQL %s, %s, max_connections %d\n",
+		runtime.NumCPU(), runtime.GOMAXPROCS(0), f.pgVersion, f.durability, f.maxConns)
+	fmt.Fprintf(&out, "phases: %d round(s) of %v each; every figure is transfers/s; every phase checked the rows it wrote\n",
+		s.rounds, s.duration)
+	fmt.Fprintf(&out, "anchor: pgbench, one-statement CTE, unpartitioned tables; function: pgbench, shardgate_transfer;\n"+
+		"  floor: bare net/http handler decoding the same body and writing the same 201, same load generator\n")
+	fmt.Fprintf(&out, "router: service.New, auth none, shard_pool max_conns=min(c,%d) max_waiting=%d (so that c > %d queue for\n"+
+		"  a connection instead of getting 503 shard-busy), group_commit max_batch=%d (on) unless off (=%d)\n",
+		routerMaxConns, routerMaxWaiting, routerMaxConns, groupCommitOn, groupCommitOff)
+	const label = "%-18s" // as wide as "group commit off" and a gap
+	fmt.Fprintf(&out, label, "transfers/s")
+	for _, c := range s.concurrency {
+		fmt.Fprintf(&out, "%10s", "c="+strconv.Itoa(c))
 	}
-	total := own + children
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, err
+	out.WriteByte('\n')
+	for r := range routerOffRow {
+		fmt.Fprintf(&out, label, r)
+		for i := range s.concurrency {
+			fmt.Fprintf(&out, "%10.0f", res[i][r].tps())
+		}
+		out.WriteByte('\n')
 	}
-	for _, e := range entries {
-		child, err := strconv.Atoi(e.Name())
-		if err != nil {
+	for _, q := range []struct {
+		name     string
+		num, den row
+	}{{"router/anchor", routerNewRow, anchorRow}, {"replay/floor", routerReplayRow, floorRow}} {
+		fmt.Fprintf(&out, label, q.name)
+		for i := range s.concurrency {
+			fmt.Fprintf(&out, "%10s", ratio(res[i][q.num], res[i][q.den]))
+		}
+		out.WriteByte('\n')
+	}
+	if len(s.latency) > 0 {
+		out.WriteString(latencyTable(s, res, label))
+	}
+	return out.String()
+}
+
+func ratio(num, den measurement) string {
+	if den.tps() == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2fx", num.tps()/den.tps())
+}
+
+// latencyTable formats the router's latency on new keys, with group commit on and off, and its
+// throughput in those phases.
+func latencyTable(s settings, res results, label string) string {
+	var out strings.Builder
+	fmt.Fprintf(&out, label, "router latency ms")
+	for _, c := range s.latency {
+		for _, col := range []string{"p50", "p99", "tps"} {
+			fmt.Fprintf(&out, "%10s", col+" c="+strconv.Itoa(c))
+		}
+	}
+	out.WriteByte('\n')
+	for _, r := range []struct {
+		name string
+		row  row
+	}{{"group commit on", routerNewRow}, {"group commit off", routerOffRow}} {
+		fmt.Fprintf(&out, label, r.name)
+		for _, c := range s.latency {
+			m := res[slices.Index(s.concurrency, c)][r.row]
+			ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+			fmt.Fprintf(&out, "%10.2f%10.2f%10.0f", ms(percentile(m.latencies, 0.50)), ms(percentile(m.latencies, 0.99)), m.tps())
+		}
+		out.WriteByte('\n')
+	}
+	return out.String()
+}
+
+func TestParseLevels(t *testing.T) {
+	tests := []struct {
+		list    string
+		want    []int
+		wantErr string
+	}{
+		{"1,8,64,256", []int{1, 8, 64, 256}, ""},
+		{" 64, 8 ,1", []int{1, 8, 64}, ""},
+		{"", nil, ""},
+		{"8,", []int{8}, ""},
+		{"0", nil, "from 1 to 500"},
+		{"501", nil, "from 1 to 500"},
+		{"eight", nil, "whole number"},
+		{"8,1,8", nil, "listed twice"},
+		{"1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", nil, "at most 16"},
+	}
+	for _, tt := range tests {
+		got, err := parseLevels(tt.list)
+		if tt.wantErr == "" && err != nil {
+			t.Errorf("parseLevels(%q): %v", tt.list, err)
+		}
+		if tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+			t.Errorf("parseLevels(%q) error = %v, want one mentioning %q", tt.list, err, tt.wantErr)
+		}
+		if err == nil && !slices.Equal(got, tt.want) {
+			t.Errorf("parseLevels(%q) = %v, want %v", tt.list, got, tt.want)
+		}
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	hundred := make([]time.Duration, 100)
+	for i := range hundred {
+		hundred[i] = time.Duration(i + 1)
+	}
+	tests := []struct {
+		name   string
+		sorted []time.Duration
+		p      float64
+		want   time.Duration
+	}{
+		{"empty", nil, 0.5, 0},
+		{"one", []time.Duration{7}, 0.99, 7},
+		{"median of two is the lower", []time.Duration{1, 2}, 0.5, 1},
+		{"p50 of 100", hundred, 0.50, 50},
+		{"p99 of 100", hundred, 0.99, 99},
+		{"p100 of 100", hundred, 1, 100},
+		{"p99 of 3 is the max", []time.Duration{1, 2, 3}, 0.99, 3},
+	}
+	for _, tt := range tests {
+		if got := percentile(tt.sorted, tt.p); got != tt.want {
+			t.Errorf("%s: percentile(%v) = %v, want %v", tt.name, tt.p, got, tt.want)
+		}
+	}
+}
+
+func TestLoadSettingsFromEnvironment(t *testing.T) {
+	tests := []struct {
+		env     map[string]string
+		want    settings
+		wantErr string
+	}{
+		{nil, settings{3 * time.Second, 1, []int{1, 8, 64, 256}, []int{1, 8}}, ""},
+		{map[string]string{"SHARDGATE_BENCH_DURATION": "2s", "SHARDGATE_BENCH_CONCURRENCY": "16,4"},
+			settings{}, "-bench.latency: concurrency 1 is not among"},
+		{map[string]string{"SHARDGATE_BENCH_DURATION": "2s", "SHARDGATE_BENCH_CONCURRENCY": "16,4", "SHARDGATE_BENCH_LATENCY": ","},
+			settings{2 * time.Second, 1, []int{4, 16}, nil}, ""},
+		{map[string]string{"SHARDGATE_BENCH_DURATION": "1500ms"}, settings{}, "whole number of seconds"},
+		{map[string]string{"SHARDGATE_BENCH_ROUNDS": "0"}, settings{}, "from 1 to 100"},
+		{map[string]string{"SHARDGATE_BENCH_LATENCY": "1,16"}, settings{}, "16 is not among"},
+		{map[string]string{"SHARDGATE_BENCH_CONCURRENCY": "8", "SHARDGATE_BENCH_LATENCY": "8"},
+			settings{3 * time.Second, 1, []int{8}, []int{8}}, ""},
+	}
+	for _, tt := range tests {
+		for k, v := range tt.env {
+			t.Setenv(k, v)
+		}
+		got, err := loadSettings()
+		for k := range tt.env {
+			t.Setenv(k, "")
+		}
+		if tt.wantErr == "" && err != nil {
+			t.Errorf("%v: %v", tt.env, err)
 			continue
 		}
-		ppid, cpu, _, err := procStat(child)
-		if err == nil && ppid == pid {
-			total += cpu
+		if tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+			t.Errorf("%v: error = %v, want one mentioning %q", tt.env, err, tt.wantErr)
+			continue
+		}
+		if err == nil && (got.duration != tt.want.duration || got.rounds != tt.want.rounds ||
+			!slices.Equal(got.concurrency, tt.want.concurrency) || !slices.Equal(got.latency, tt.want.latency)) {
+			t.Errorf("%v: settings %+v, want %+v", tt.env, got, tt.want)
 		}
 	}
-	return total, nil
-}
-
-// procStat reads a process's parent, its own CPU time and that of its reaped children.
-func procStat(pid int) (ppid int, own, children time.Duration, err error) {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	// The command name, field 2, is in parentheses and may hold spaces; fields count from 3 after it.
-	i := strings.LastIndexByte(string(data), ')')
-	if i < 0 {
-		return 0, 0, 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
-	}
-	fields := strings.Fields(string(data[i+1:]))
-	if len(fields) < 15 {
-		return 0, 0, 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(fields)+2)
-	}
-	n := func(field int) int64 { v, _ := strconv.ParseInt(fields[field-3], 10, 64); return v }
-	ppid = int(n(4))
-	own = time.Duration(n(14)+n(15)) * clockTick
-	children = time.Duration(n(16)+n(17)) * clockTick
-	return ppid, own, children, nil
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 )
@@ -18,6 +19,15 @@ type transfer struct {
 	body []byte
 }
 
+// newTransfer returns a transfer of amount from src to src+1 under a fresh random key (26
+// characters, like a ULID).
+func newTransfer(src, amount int64) transfer {
+	return transfer{
+		key:  crand.Text(),
+		body: fmt.Appendf(nil, `{"src": %d, "dst": %d, "amount": %d}`, src, src+1, amount),
+	}
+}
+
 // loadgen drives POST /transfers over real HTTP/TCP with a fixed number of workers, each sending
 // its next request as soon as the previous one is answered (a closed loop, like pgbench).
 type loadgen struct {
@@ -25,10 +35,12 @@ type loadgen struct {
 	url    string // http://host:port/transfers
 }
 
+// newLoadgen returns a load generator for the server at baseURL that keeps a connection alive
+// for each of up to workers workers.
 func newLoadgen(baseURL string, workers int) *loadgen {
 	tr := &http.Transport{
 		MaxIdleConns:        workers,
-		MaxIdleConnsPerHost: workers, // every worker keeps its connection alive between requests
+		MaxIdleConnsPerHost: workers,
 		IdleConnTimeout:     time.Minute,
 		DisableCompression:  true,
 	}
@@ -37,11 +49,11 @@ func newLoadgen(baseURL string, workers int) *loadgen {
 
 // loadResult is what one run of the load generator saw.
 type loadResult struct {
-	ok      int64         // answers as expected: 201, replayed or not as asked
-	elapsed time.Duration // from the first request until the last worker's last answer
-	latency time.Duration // summed over the ok requests, from sending to having read the answer
-	err     error         // the first unexpected answer; it ends the run
-	created []transfer    // new-key runs only: every transfer answered 201, for replaying
+	ok        int64           // answers as expected: 201, replayed or not as asked
+	elapsed   time.Duration   // from the first request until the last worker's last answer
+	latencies []time.Duration // of each ok request, from sending to having read the answer; sorted
+	err       error           // the first unexpected answer; it ends the run
+	created   []transfer      // new-key runs only: every transfer answered 201, for replaying
 }
 
 // run sends requests from workers goroutines until d has passed. With replay nil every request
@@ -71,14 +83,11 @@ func (g *loadgen) run(ctx context.Context, workers int, d time.Duration, replay 
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(start.UnixNano()), uint64(w)))
 			res := &results[w]
+			res.latencies = make([]time.Duration, 0, 1024)
 			for time.Now().Before(deadline) && ctx.Err() == nil {
 				var t transfer
 				if replay == nil {
-					src := rng.Int64N(1_000_000) + 1
-					t = transfer{
-						key:  crand.Text(),
-						body: fmt.Appendf(nil, `{"src": %d, "dst": %d, "amount": %d}`, src, src+1, rng.Int64N(100_000)+1),
-					}
+					t = newTransfer(rng.Int64N(1_000_000)+1, rng.Int64N(100_000)+1)
 				} else {
 					t = replay[rng.IntN(len(replay))]
 				}
@@ -87,8 +96,7 @@ func (g *loadgen) run(ctx context.Context, workers int, d time.Duration, replay 
 					fail(err)
 					return
 				}
-				res.latency += time.Since(sent)
-				res.ok++
+				res.latencies = append(res.latencies, time.Since(sent))
 				if replay == nil {
 					res.created = append(res.created, t)
 				}
@@ -98,35 +106,57 @@ func (g *loadgen) run(ctx context.Context, workers int, d time.Duration, replay 
 	wg.Wait()
 	total := loadResult{elapsed: time.Since(start), err: firstErr}
 	for _, r := range results {
-		total.ok += r.ok
-		total.latency += r.latency
+		total.latencies = append(total.latencies, r.latencies...)
 		total.created = append(total.created, r.created...)
 	}
+	total.ok = int64(len(total.latencies))
+	slices.Sort(total.latencies)
 	return total
 }
 
-// post sends t and checks the answer.
-func (g *loadgen) post(ctx context.Context, t transfer, wantReplayed bool) error {
+// answer is what a server answered to POST /transfers, as far as the load generator checks it.
+type answer struct {
+	status                          int
+	contentType, location, replayed string // headers
+	body                            []byte
+}
+
+func (a answer) String() string {
+	return fmt.Sprintf("%d Content-Type: %q Location: %q Idempotent-Replayed: %q body: %q",
+		a.status, a.contentType, a.location, a.replayed, a.body)
+}
+
+// exchange sends t and reads the answer.
+func (g *loadgen) exchange(ctx context.Context, t transfer) (answer, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.url, bytes.NewReader(t.body))
 	if err != nil {
-		return err
+		return answer{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", t.key)
 	resp, err := g.client.Do(req)
 	if err != nil {
-		return err
+		return answer{}, err
 	}
 	// Read the body to its end so that the connection is reused.
 	body, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if err != nil {
-		return fmt.Errorf("POST /transfers with key %s: reading the answer: %w", t.key, err)
+		return answer{}, fmt.Errorf("POST /transfers with key %s: reading the answer: %w", t.key, err)
 	}
-	replayed := resp.Header.Get("Idempotent-Replayed") == "true"
-	if resp.StatusCode != http.StatusCreated || replayed != wantReplayed {
+	h := resp.Header
+	return answer{resp.StatusCode, h.Get("Content-Type"), h.Get("Location"), h.Get("Idempotent-Replayed"), body}, nil
+}
+
+// post sends t and checks that it is answered 201, replayed or not as wanted.
+func (g *loadgen) post(ctx context.Context, t transfer, wantReplayed bool) error {
+	a, err := g.exchange(ctx, t)
+	if err != nil {
+		return err
+	}
+	if a.status != http.StatusCreated || (a.replayed == "true") != wantReplayed {
 		return fmt.Errorf("POST /transfers with key %s: got %d (Idempotent-Replayed: %q), want 201 with replayed=%t; body: %.300s",
-			t.key, resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), wantReplayed, body)
+			t.key, a.status, a.replayed, wantReplayed, a.body)
 	}
 	return nil
 }

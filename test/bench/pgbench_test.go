@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,16 +32,43 @@ func findPgbench(serverBin string) (string, error) {
 		": install it (apt-get install postgresql-client-15, or run scripts/ensure-deps.sh as root)")
 }
 
-// pgbench runs one pgbench script against one server.
+// anchorSchema holds the anchor's tables, apart from shardgate's; anchor.sql runs with it as
+// its search_path.
+const anchorSchema = "anchor"
+
+// anchorTables are what anchor.sql writes: an unpartitioned key table with PRIMARY KEY (scope,
+// key) and a ledger with a uuid primary key, as a plain hand-written design would have them.
+const anchorTables = `CREATE SCHEMA ` + anchorSchema + `;
+CREATE TABLE ` + anchorSchema + `.idem (
+    key          text  NOT NULL,
+    scope        text  NOT NULL,
+    request_hash text  NOT NULL,
+    state        text  NOT NULL,
+    response     jsonb NOT NULL,
+    PRIMARY KEY (scope, key)
+);
+CREATE TABLE ` + anchorSchema + `.ledger (
+    id         uuid   PRIMARY KEY,
+    account_id bigint NOT NULL,
+    amount     bigint NOT NULL,
+    kind       text   NOT NULL
+);`
+
+// pgbench runs pgbench scripts against one server.
 type pgbench struct {
-	bin        string
-	host       string
-	port       int
-	user, db   string
+	bin      string
+	host     string
+	port     int
+	user, db string
+}
+
+// pgbenchRun is one run of a script.
+type pgbenchRun struct {
+	script     string // file name in testdata
 	clients    int
-	seconds    int
-	scriptPath string
+	duration   time.Duration     // whole seconds
 	vars       map[string]string // -D name=value
+	searchPath string            // the connections' search_path; empty for the server's default
 }
 
 // pgbenchReport is what pgbench printed about a run.
@@ -51,41 +79,44 @@ type pgbenchReport struct {
 	latency   time.Duration // "latency average"
 }
 
-// run runs pgbench to completion and returns its report and the CPU time the pgbench process
-// used (which counts against the machine's cores as the load generator's does).
-func (p pgbench) run(ctx context.Context) (pgbenchReport, time.Duration, error) {
+// run runs pgbench to completion and returns its report. It uses a thread per core (at most
+// one per client), as pgbench is meant to be run: each thread drives its share of the clients'
+// connections asynchronously.
+func (p pgbench) run(ctx context.Context, r pgbenchRun) (pgbenchReport, error) {
+	script, err := filepath.Abs(filepath.Join("testdata", r.script))
+	if err != nil {
+		return pgbenchReport{}, err
+	}
 	args := []string{
 		"-n",             // no vacuum of pgbench's own tables: we have none
 		"-M", "prepared", // like pgx's statement cache: parse once per connection, then Bind/Execute
-		"-c", strconv.Itoa(p.clients), "-j", strconv.Itoa(p.clients),
-		"-T", strconv.Itoa(p.seconds),
-		"-f", p.scriptPath,
+		"-c", strconv.Itoa(r.clients), "-j", strconv.Itoa(min(r.clients, runtime.NumCPU())),
+		"-T", strconv.Itoa(int(r.duration / time.Second)),
+		"-f", script,
 		"-h", p.host, "-p", strconv.Itoa(p.port), "-U", p.user,
 	}
-	for _, name := range slices.Sorted(maps.Keys(p.vars)) {
-		args = append(args, "-D", name+"="+p.vars[name])
+	for _, name := range slices.Sorted(maps.Keys(r.vars)) {
+		args = append(args, "-D", name+"="+r.vars[name])
 	}
 	args = append(args, p.db)
 	cmd := exec.CommandContext(ctx, p.bin, args...)
 	cmd.Env = clientEnv()
+	if r.searchPath != "" {
+		cmd.Env = append(cmd.Env, "PGOPTIONS=-c search_path="+r.searchPath)
+	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	var cpu time.Duration
-	if cmd.ProcessState != nil {
-		cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
-	}
-	if err != nil {
-		return pgbenchReport{}, cpu, fmt.Errorf("%s: %w\nstdout:\n%s\nstderr:\n%s", p.bin, err, stdout.String(), lastLines(stderr.String(), 20))
+	if err := cmd.Run(); err != nil {
+		return pgbenchReport{}, fmt.Errorf("%s %s: %w\nstdout:\n%s\nstderr:\n%s", p.bin, r.script, err, stdout.String(), lastLines(stderr.String(), 20))
 	}
 	rep, err := parsePgbench(stdout.String())
 	if err != nil {
-		return rep, cpu, fmt.Errorf("%w\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), lastLines(stderr.String(), 20))
+		return rep, fmt.Errorf("%w\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), lastLines(stderr.String(), 20))
 	}
 	if rep.failed > 0 {
-		return rep, cpu, fmt.Errorf("pgbench reports %d failed transactions; stderr ends with:\n%s", rep.failed, lastLines(stderr.String(), 20))
+		return rep, fmt.Errorf("pgbench reports %d failed transactions; stderr ends with:\n%s", rep.failed, lastLines(stderr.String(), 20))
 	}
-	return rep, cpu, nil
+	return rep, nil
 }
 
 // clientEnv is this process's environment without PG* variables, so that a developer's

@@ -1,14 +1,15 @@
 -- pgbench script: one new transfer per transaction, through the statement the router sends
--- (idem.Transfer: SELECT outcome, stored_response, shard_map_version FROM shardgate_transfer(...)),
--- with the router's argument shapes. Set with -D by bench_test.go: scope, client, request_hash,
--- currency, response (a response the router stored, so the same size) and n: the round number
--- times 16777216 (roundStride), where this run's count starts.
+-- (idem.Transfer: SELECT outcome, stored_response, shard_map_version FROM shardgate_transfer(...),
+-- the 13-argument function of migration 0002), with the router's argument shapes. Set with -D by
+-- the benchmark: scope, client, request_hash, currency, response (a response the router stored,
+-- so the same size), retention (the router's configured one, as an interval) and n: the number
+-- of this script's earlier runs times 16777216 (runStride), where this run's count starts.
 --
 -- n counts this client's transfers. The key is a pseudorandom permutation of (client, n), so that
--- keys and transfer ids land all over their indexes as the router's random keys do, and so that
--- transfer_replay.sql can find them again. Key (26 digits, the length of the load generator's
--- keys) and transfer id (48 hex digits) are padded on the server: lpad is the only work pgbench
--- asks of PostgreSQL that the router does not.
+-- keys and transfer ids land all over their indexes as the router's random keys do, and no two
+-- runs make the same key. Key (26 digits, the length of the load generator's keys) and transfer
+-- id (48 hex digits) are padded on the server: lpad is the only work pgbench asks of PostgreSQL
+-- that the router does not.
 \set n :n + 1
 \set k permute(:n, 1099511627776, :client_id) * 1024 + :client_id
 \set src random(1, 1000000)
@@ -16,4 +17,4 @@
 \set keyspace hash(:src)
 \set amount random(1, 100000)
 SELECT outcome, stored_response, shard_map_version
-FROM shardgate_transfer(:scope, lpad(:k, 26, '0'), :request_hash, :keyspace, lpad(:k, 48, '0'), :client, :src, :dst, :amount, :currency, NULL, :response);
+FROM shardgate_transfer(:scope, lpad(:k, 26, '0'), :request_hash, :keyspace, lpad(:k, 48, '0'), :client, :src, :dst, :amount, :currency, NULL, :response, :retention);

@@ -1,0 +1,287 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shardgate/shardgate/config"
+	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/internal/localpg"
+	"github.com/shardgate/shardgate/internal/service"
+	"github.com/shardgate/shardgate/partition"
+	"github.com/shardgate/shardgate/rangemove"
+	"github.com/shardgate/shardgate/router"
+	"github.com/shardgate/shardgate/shardmap"
+)
+
+const (
+	pgUser     = "shardgate"
+	pgDatabase = "ledger"
+	// client and scope are what the router uses in auth mode none.
+	client = config.AnonymousClient
+	scope  = client + ":transfer"
+	// warmup is how long a router runs before its measured phases, so that its shard
+	// connections are open and its statement prepared, as pgbench's are when it starts timing.
+	warmup = time.Second
+	// floorWarmup only opens the load generator's connections to the floor.
+	floorWarmup = 250 * time.Millisecond
+	// routerMaxConns caps the router's shard pool: at concurrency c it has min(c, 64)
+	// connections, and routerMaxWaiting lets the other requests of c=256 queue for one instead
+	// of being answered 503 shard-busy.
+	routerMaxConns   = 64
+	routerMaxWaiting = 1024
+	// groupCommitOn is config's default max_batch; groupCommitOff sends every transfer alone.
+	groupCommitOn  = 64
+	groupCommitOff = 1
+)
+
+// fixture is one durable PostgreSQL holding the shard and the anchor's tables, the floor, and
+// what the phases carry from one to the next.
+type fixture struct {
+	pg       *localpg.Server
+	admin    *pgxpool.Pool // for setup and checks, not used by any side under test
+	dir      string
+	shardMap *shardmap.Map
+	base     *config.Config // what every router's config has but its pool and group commit
+	floor    *server
+	pgbench  pgbench
+	vars     map[string]string // transfer_new.sql's -D values but n
+	created  []transfer        // by the routers, for their replays
+	runs     int               // of transfer_new.sql so far
+
+	pgVersion, durability string
+	maxConns              int // PostgreSQL's max_connections
+	log                   *slog.Logger
+}
+
+// setup starts a durable PostgreSQL, migrates it as a shard owning the whole keyspace, creates
+// the anchor's tables, serves the floor, and checks that the floor answers as the router does.
+func setup(ctx context.Context, b *testing.B, s settings, pgbenchBin string) *fixture {
+	f := &fixture{dir: b.TempDir(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if testing.Verbose() {
+		f.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	f.startPostgres(ctx, b, slices.Max(s.concurrency))
+	f.pgbench = pgbench{bin: pgbenchBin, host: "127.0.0.1", port: f.pg.Port(), user: pgUser, db: pgDatabase}
+	if err := f.prepareShard(ctx); err != nil {
+		b.Fatal(err)
+	}
+	var err error
+	if f.floor, err = serve(floorHandler(f.base.Transfers.DefaultCurrency), f.base.HTTP, slices.Max(s.concurrency)); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := f.floor.close(); err != nil {
+			b.Error(err)
+		}
+	})
+	if err := f.probe(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if f.vars, err = f.pgbenchVars(ctx); err != nil {
+		b.Fatal(err)
+	}
+	return f
+}
+
+// startPostgres starts the server, refusing to go on unless it is durable.
+func (f *fixture) startPostgres(ctx context.Context, b *testing.B, maxC int) {
+	// Two pgbench runs' connections (one's may still be closing as the next opens its own), two
+	// routers' pools (group commit on and off), the admin pool, and some to spare.
+	f.maxConns = 2*maxC + 2*min(maxC, routerMaxConns) + 20
+	pg, err := localpg.Start(ctx, localpg.Options{
+		Dir:      filepath.Join(f.dir, "pg"),
+		User:     pgUser,
+		Database: pgDatabase,
+		Durable:  true, // fsync on: a commit costs what it costs in production
+		Settings: map[string]string{"max_connections": strconv.Itoa(f.maxConns)},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	f.pg = pg
+	b.Cleanup(func() {
+		if err := pg.Close(); err != nil {
+			b.Error(err)
+		}
+	})
+	if f.admin, err = pgxpool.New(ctx, pg.DSN()); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(f.admin.Close)
+	var fsync, syncCommit string
+	err = f.admin.QueryRow(ctx, "SELECT current_setting('fsync'), current_setting('synchronous_commit'), current_setting('server_version')").
+		Scan(&fsync, &syncCommit, &f.pgVersion)
+	if err != nil {
+		b.Fatal(err)
+	}
+	f.durability = "fsync=" + fsync + " synchronous_commit=" + syncCommit
+	if fsync != "on" || syncCommit != "on" {
+		b.Fatalf("PostgreSQL runs with %s; the benchmark needs its durable defaults", f.durability)
+	}
+}
+
+// prepareShard migrates the database, gives it the whole keyspace in a one-shard map, creates
+// the anchor's tables, and reads the routers' common configuration.
+func (f *fixture) prepareShard(ctx context.Context) error {
+	if _, err := idem.Migrate(ctx, f.admin); err != nil {
+		return err
+	}
+	if _, err := idem.EnsurePartitions(ctx, f.admin, partition.Daily, time.Now(), 2); err != nil {
+		return err
+	}
+	if _, err := f.admin.Exec(ctx, anchorTables); err != nil {
+		return fmt.Errorf("creating the anchor's tables: %w", err)
+	}
+	mapPath := filepath.Join(f.dir, "shardmap.yaml")
+	mapYAML := fmt.Sprintf("version: 1\nshards:\n  - name: shard-0\n    dsn: %s\n    ranges: [\"-\"]\n", f.pg.DSN())
+	if err := os.WriteFile(mapPath, []byte(mapYAML), 0o600); err != nil {
+		return err
+	}
+	var err error
+	if f.shardMap, err = shardmap.Load(mapPath); err != nil {
+		return err
+	}
+	if _, err := rangemove.ApplyMap(ctx, f.shardMap, func(string) *pgxpool.Pool { return f.admin }, partition.Daily); err != nil {
+		return err
+	}
+	f.base, err = f.routerConfig(1, groupCommitOn)
+	return err
+}
+
+// routerConfig is the configuration of a router for concurrency c. Auth mode none: token
+// checking is a constant cost that pgbench has no counterpart for.
+func (f *fixture) routerConfig(c, maxBatch int) (*config.Config, error) {
+	yaml := fmt.Sprintf("listen: 127.0.0.1:0\nshardmap: shardmap.yaml\nauth:\n  mode: none\n"+
+		"shard_pool:\n  max_conns: %d\n  max_waiting: %d\ngroup_commit:\n  max_batch: %d\n",
+		min(c, routerMaxConns), routerMaxWaiting, maxBatch)
+	return config.Parse(filepath.Join(f.dir, "router.yaml"), []byte(yaml))
+}
+
+// routerServer is a router built by service.New and served on its own loopback port.
+type routerServer struct {
+	*server
+	svc *service.Service
+}
+
+// startRouter builds and serves a router for concurrency c with group commit's max_batch.
+func (f *fixture) startRouter(c, maxBatch int) (*routerServer, error) {
+	cfg, err := f.routerConfig(c, maxBatch)
+	if err != nil {
+		return nil, err
+	}
+	svc, err := service.New(cfg, f.shardMap, f.log)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := serve(svc.Router, cfg.HTTP, c)
+	if err != nil {
+		svc.Close()
+		return nil, err
+	}
+	return &routerServer{server: srv, svc: svc}, nil
+}
+
+func (r *routerServer) close() error {
+	err := r.server.close()
+	r.svc.Close()
+	return err
+}
+
+// server is an HTTP server under test on its own loopback port, and the load generator's
+// client for it.
+type server struct {
+	hs     *http.Server
+	served chan error
+	load   *loadgen
+}
+
+// serve serves h with the timeouts `router serve` uses (each costs a deadline per request) for
+// at most workers concurrent clients.
+func serve(h http.Handler, hc config.HTTP, workers int) (*server, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &server{
+		hs: &http.Server{
+			Handler:           h,
+			ReadHeaderTimeout: hc.ReadHeaderTimeout,
+			ReadTimeout:       hc.ReadTimeout,
+			WriteTimeout:      hc.WriteTimeout,
+			IdleTimeout:       hc.IdleTimeout,
+			MaxHeaderBytes:    hc.MaxHeaderBytes,
+		},
+		served: make(chan error, 1),
+		load:   newLoadgen("http://"+ln.Addr().String(), workers),
+	}
+	go func() { s.served <- s.hs.Serve(ln) }()
+	return s, nil
+}
+
+func (s *server) close() error {
+	s.load.client.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := s.hs.Shutdown(ctx)
+	if serr := <-s.served; !errors.Is(serr, http.ErrServerClosed) {
+		err = errors.Join(err, serr)
+	}
+	return err
+}
+
+// probe sends one new transfer to a router and to the floor and checks that both answer with
+// the same status, headers and body, so that the floor stays a floor for the router's answer.
+func (f *fixture) probe(ctx context.Context) error {
+	rt, err := f.startRouter(1, groupCommitOn)
+	if err != nil {
+		return err
+	}
+	defer rt.close() //nolint:errcheck // a failed shutdown of the probe changes no measurement
+	t := newTransfer(1, 100)
+	want, err := rt.load.exchange(ctx, t)
+	if err != nil {
+		return fmt.Errorf("probing the router: %w", err)
+	}
+	f.created = append(f.created, t)
+	got, err := f.floor.load.exchange(ctx, t)
+	if err != nil {
+		return fmt.Errorf("probing the floor: %w", err)
+	}
+	if got.String() != want.String() {
+		return fmt.Errorf("the floor answers a transfer with\n%s\nbut the router with\n%s\nmake the floor write what the router writes", got, want)
+	}
+	return nil
+}
+
+// pgbenchVars returns the values transfer_new.sql takes from -D but n: the router's scope,
+// client and currency, one request hash of the router's form, the configured retention, and a
+// response the router stored, so that pgbench stores responses of the same size.
+func (f *fixture) pgbenchVars(ctx context.Context) (map[string]string, error) {
+	var response string
+	if err := f.admin.QueryRow(ctx, "SELECT response::text FROM idempotency_record WHERE scope = $1 LIMIT 1", scope).Scan(&response); err != nil {
+		return nil, fmt.Errorf("reading a response the router stored: %w", err)
+	}
+	in := router.TransferInput{Src: 1, Dst: 2, Amount: 1, Currency: f.base.Transfers.DefaultCurrency}
+	return map[string]string{
+		"scope":        scope,
+		"client":       client,
+		"currency":     in.Currency,
+		"request_hash": router.Fingerprint(http.MethodPost, "/transfers", in),
+		"response":     response,
+		"retention":    strconv.FormatInt(int64(f.base.Idempotency.Retention/time.Second), 10) + " seconds",
+	}, nil
+}

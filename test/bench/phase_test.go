@@ -1,0 +1,170 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// runLevel runs one round's phases at concurrency c, adding what they measured to res. It
+// serves the level's routers, warmed up at c: one with group commit on, and one with it off at
+// the latency concurrencies. Odd rounds run the phases in reverse order, so that no phase
+// always meets the machine (and the tables) in the state the same other phase left.
+func (f *fixture) runLevel(ctx context.Context, b *testing.B, s settings, round, c int, res *[numRows]measurement) {
+	closeRouter := func(rt *routerServer) {
+		if err := rt.close(); err != nil {
+			b.Error(err)
+		}
+	}
+	on, err := f.startWarmRouter(ctx, c, groupCommitOn)
+	if err != nil {
+		b.Fatalf("router with group commit on at c=%d: %v", c, err)
+	}
+	defer closeRouter(on)
+	var off *routerServer
+	if slices.Contains(s.latency, c) {
+		if off, err = f.startWarmRouter(ctx, c, groupCommitOff); err != nil {
+			b.Fatalf("router with group commit off at c=%d: %v", c, err)
+		}
+		defer closeRouter(off)
+	}
+	if _, err := f.runLoad(ctx, f.floor, c, floorWarmup, nil, false); err != nil {
+		b.Fatalf("warming the floor up at c=%d: %v", c, err)
+	}
+	order := phasesAt(c, s)
+	if round%2 == 1 {
+		slices.Reverse(order)
+	}
+	for _, r := range order {
+		name := fmt.Sprintf("round %d, c=%d, %s", round+1, c, r)
+		res[r].add(f.phase(ctx, b, name, r, func() (measurement, error) { return f.measure(ctx, r, c, s.duration, on, off) }))
+	}
+}
+
+// startWarmRouter serves a router for concurrency c with group commit's max_batch and warms it
+// up at c on new keys.
+func (f *fixture) startWarmRouter(ctx context.Context, c, maxBatch int) (*routerServer, error) {
+	rt, err := f.startRouter(c, maxBatch)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.runLoad(ctx, rt.server, c, warmup, nil, true); err != nil {
+		rt.close() //nolint:errcheck // the warm-up's error is the one to report
+		return nil, fmt.Errorf("warming up: %w", err)
+	}
+	return rt, nil
+}
+
+// measure runs row r's phase at concurrency c for d; on and off are the level's routers with
+// group commit on and off (off only at the latency concurrencies).
+func (f *fixture) measure(ctx context.Context, r row, c int, d time.Duration, on, off *routerServer) (measurement, error) {
+	switch r {
+	case anchorRow:
+		return f.runPgbench(ctx, pgbenchRun{script: "anchor.sql", clients: c, duration: d, searchPath: anchorSchema})
+	case functionRow:
+		vars := maps.Clone(f.vars)
+		vars["n"] = strconv.Itoa(f.runs * runStride)
+		f.runs++
+		return f.runPgbench(ctx, pgbenchRun{script: "transfer_new.sql", clients: c, duration: d, vars: vars})
+	case routerNewRow:
+		return f.runLoad(ctx, on.server, c, d, nil, true)
+	case routerOffRow:
+		return f.runLoad(ctx, off.server, c, d, nil, true)
+	case routerReplayRow:
+		return f.runLoad(ctx, on.server, c, d, f.created, false)
+	case floorRow:
+		return f.runLoad(ctx, f.floor, c, d, nil, false)
+	}
+	return measurement{}, fmt.Errorf("no phase measures row %d", r)
+}
+
+// runLoad runs srv's load generator at concurrency c for d: new keys with replay nil, else
+// replays of replay. With keep, the transfers it created are kept for the routers' replays.
+func (f *fixture) runLoad(ctx context.Context, srv *server, c int, d time.Duration, replay []transfer, keep bool) (measurement, error) {
+	res := srv.load.run(ctx, c, d, replay)
+	if keep {
+		f.created = append(f.created, res.created...)
+	}
+	return measurement{txns: res.ok, elapsed: res.elapsed, latencies: res.latencies}, res.err
+}
+
+// runPgbench runs pgbench and converts its report.
+func (f *fixture) runPgbench(ctx context.Context, r pgbenchRun) (measurement, error) {
+	rep, err := f.pgbench.run(ctx, r)
+	if err != nil {
+		return measurement{}, err
+	}
+	if rep.tps <= 0 {
+		return measurement{}, fmt.Errorf("pgbench reports %g tps", rep.tps)
+	}
+	elapsed := time.Duration(float64(rep.processed) / rep.tps * float64(time.Second))
+	return measurement{txns: rep.processed, elapsed: elapsed}, nil
+}
+
+// tableCounts are the rows of the tables the phases write: the shard's ledger and idempotency
+// records, and the anchor's ledger and key table.
+type tableCounts struct {
+	ledger, records, anchorLedger, anchorKeys int64
+}
+
+// wants is what a phase of row r that counted txns transactions must add to the tables: a
+// new-key transfer one ledger row and one record, an anchor transaction one row in each of its
+// tables, a replay or the floor nothing.
+func (r row) wants(txns int64) tableCounts {
+	switch r {
+	case anchorRow:
+		return tableCounts{anchorLedger: txns, anchorKeys: txns}
+	case functionRow, routerNewRow, routerOffRow:
+		return tableCounts{ledger: txns, records: txns}
+	}
+	return tableCounts{}
+}
+
+func (f *fixture) counts(ctx context.Context) (tableCounts, error) {
+	var n tableCounts
+	err := f.admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM ledger_entries), (SELECT count(*) FROM idempotency_record),
+		(SELECT count(*) FROM `+anchorSchema+`.ledger), (SELECT count(*) FROM `+anchorSchema+`.idem)`).
+		Scan(&n.ledger, &n.records, &n.anchorLedger, &n.anchorKeys)
+	if err != nil {
+		return n, fmt.Errorf("counting rows: %w", err)
+	}
+	return n, nil
+}
+
+// check compares what the tables gained since before with what row r's txns transactions must
+// have added.
+func (f *fixture) check(ctx context.Context, r row, txns int64, before tableCounts) error {
+	if txns == 0 {
+		return fmt.Errorf("no transfer completed")
+	}
+	after, err := f.counts(ctx)
+	if err != nil {
+		return err
+	}
+	got := tableCounts{after.ledger - before.ledger, after.records - before.records,
+		after.anchorLedger - before.anchorLedger, after.anchorKeys - before.anchorKeys}
+	if want := r.wants(txns); got != want {
+		return fmt.Errorf("%d transactions added %+v rows; want %+v", txns, got, want)
+	}
+	return nil
+}
+
+// phase runs one measured phase of row r and checks the rows it wrote (see row.wants).
+func (f *fixture) phase(ctx context.Context, b *testing.B, name string, r row, run func() (measurement, error)) measurement {
+	before, err := f.counts(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := run()
+	if err == nil {
+		err = f.check(ctx, r, m.txns, before)
+	}
+	if err != nil {
+		b.Fatalf("%s: %v", name, err)
+	}
+	return m
+}
