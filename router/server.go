@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -25,16 +24,8 @@ import (
 
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
-	"github.com/shardgate/shardgate/shardmap"
 	"github.com/shardgate/shardgate/topology"
 )
-
-// operation is the idempotency scope's operation part: scope = client + ":" + operation.
-const operation = "transfer"
-
-// maxKeyClockSkew is how far in the future a UUIDv7 key's timestamp may be before the key is
-// refused as invalid: client clocks drift, but not by more than this.
-const maxKeyClockSkew = time.Minute
 
 // Server serves shardgate's HTTP API over the current Topology.
 type Server struct {
@@ -132,154 +123,6 @@ func parseTransferID(id string) (uint64, bool) {
 	}
 	ks, err := strconv.ParseUint(id[:16], 16, 64)
 	return ks, err == nil
-}
-
-func (s *Server) postTransfer(w http.ResponseWriter, r *http.Request) {
-	reject := func(pt problemType, detail string) {
-		s.metrics.transfers.WithLabelValues(outRejected, "").Inc()
-		writeProblem(w, pt, detail, 0)
-	}
-	client, err := s.authenticate(r)
-	if err != nil {
-		challenge(w, clientRealm)
-		reject(probUnauthorized, err.Error())
-		return
-	}
-	keys := r.Header.Values("Idempotency-Key")
-	if len(keys) == 0 {
-		reject(probMissingKey, "send an Idempotency-Key header generated once per operation and reused on every retry")
-		return
-	}
-	if len(keys) > 1 {
-		reject(probInvalidKey, "send exactly one Idempotency-Key header")
-		return
-	}
-	key, err := ParseIdempotencyKey(keys[0])
-	if err != nil {
-		reject(probInvalidKey, err.Error())
-		return
-	}
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-			reject(probMediaType, "send Content-Type: application/json")
-			return
-		}
-	}
-	in, err := DecodeTransfer(http.MaxBytesReader(w, r.Body, s.cfg.Transfers.MaxBodyBytes), s.cfg.Transfers.DefaultCurrency)
-	if err != nil {
-		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			reject(probTooLarge, fmt.Sprintf("the body may be at most %d bytes", mbe.Limit))
-			return
-		}
-		reject(probInvalidBody, err.Error())
-		return
-	}
-
-	// A UUIDv7 key carries its creation time: one older than retention may have had its record
-	// dropped already, so it is refused rather than risk executing it a second time.
-	if created, ok := keyTime(key); ok {
-		now := time.Now()
-		if created.After(now.Add(maxKeyClockSkew)) {
-			reject(probInvalidKey, fmt.Sprintf("the key is a UUIDv7 from the future (%s); generate keys with a correct clock", created.UTC().Format(time.RFC3339)))
-			return
-		}
-		if created.Before(now.Add(-s.cfg.Idempotency.Retention)) {
-			s.metrics.transfers.WithLabelValues(outKeyExpired, "").Inc()
-			writeProblem(w, probKeyExpired, fmt.Sprintf("the key was created %s, longer ago than the retention of %s; it will not be executed", created.UTC().Format(time.RFC3339), s.cfg.Idempotency.Retention), 0)
-			return
-		}
-	}
-
-	scope := client + ":" + operation
-	ksid := shardmap.KeyspaceID(in.Src)
-	id := TransferID(ksid, scope, key)
-	body, _ := json.Marshal(transferView{ID: id, Src: in.Src, Dst: in.Dst, Amount: in.Amount, Currency: in.Currency, Reference: in.Reference})
-	req := idem.TransferRequest{
-		Scope: scope, Key: key, RequestHash: Fingerprint(r.Method, r.URL.Path, in),
-		KeyspaceID: ksid, TransferID: id, Client: client,
-		Src: in.Src, Dst: in.Dst, Amount: in.Amount, Currency: in.Currency, Reference: in.Reference,
-		Response: idem.Response{
-			Status:  http.StatusCreated,
-			Headers: map[string]string{"Content-Type": "application/json", "Location": "/transfers/" + id},
-			Body:    string(body) + "\n",
-		},
-	}
-
-	// The transfer runs to its end even if the client hangs up: the outcome is then stored for the
-	// retry to replay, instead of being cut off at an unknown point.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.ShardPool.RequestTimeout)
-	defer cancel()
-	topo := s.holdTopology()
-	defer topo.Release()
-	shard, res, err := s.transferOn(ctx, topo, req)
-	if err == nil && res.Outcome == idem.NotOwner && res.ShardMapVersion > topo.Map.Version {
-		// This router's map is older than the shard's: reload, and route once more on the new map.
-		// The shard's ownership check is what keeps a stale router from applying anywhere.
-		if s.reloadAtLeast(res.ShardMapVersion) {
-			topo = s.holdTopology()
-			defer topo.Release()
-			shard, res, err = s.transferOn(ctx, topo, req)
-		}
-	}
-	s.metrics.transfers.WithLabelValues(s.answer(w, shard, topo.Map.Version, res, err), shard).Inc()
-}
-
-// transferOn runs req on the shard that owns it in topo and records the shard's latency.
-func (s *Server) transferOn(ctx context.Context, topo *topology.Topology, req idem.TransferRequest) (string, idem.TransferResult, error) {
-	shard, _ := topo.Map.ShardFor(req.KeyspaceID)
-	conn := topo.Shard(shard.Name)
-	if err := conn.Enter(); err != nil {
-		return shard.Name, idem.TransferResult{}, err
-	}
-	defer conn.Leave()
-	start := time.Now()
-	res, err := idem.Transfer(ctx, conn.Pool, req)
-	outcome := string(res.Outcome)
-	if err != nil {
-		outcome = "error"
-	}
-	s.metrics.shardTime.WithLabelValues(shard.Name, outcome).Observe(time.Since(start).Seconds())
-	return shard.Name, res, err
-}
-
-// reloadAtLeast reloads the shard map unless another request already did, and reports whether
-// the serving version is now at least version.
-func (s *Server) reloadAtLeast(version int64) bool {
-	if s.topo.Load().Map.Version < version {
-		s.Reload(s.cfg.ShardmapPath) //nolint:errcheck // Reload logs and counts its result
-	}
-	return s.topo.Load().Map.Version >= version
-}
-
-// answer writes the response for a shard's result and returns the outcome label.
-func (s *Server) answer(w http.ResponseWriter, shard string, version int64, res idem.TransferResult, err error) string {
-	if err != nil {
-		return s.shardFailure(w, shard, err, retrySameKey)
-	}
-	switch res.Outcome {
-	case idem.Applied:
-		writeStored(w, res.Response, false)
-		return outApplied
-	case idem.Replayed:
-		writeStored(w, res.Response, true)
-		return outReplayed
-	case idem.InProgress:
-		writeProblem(w, probInProgress, "the first attempt with this key has not finished; retry after the indicated delay", s.cfg.Idempotency.InProgressRetryAfter)
-		return outInProgress
-	case idem.KeyReused:
-		writeProblem(w, probKeyReused, "this Idempotency-Key was first used with a different request body; generate a new key for a new operation", 0)
-		return outKeyReused
-	case idem.Expired:
-		writeProblem(w, probKeyExpired, "this key's transfer was applied earlier and its idempotency record has expired; it will not be applied again", 0)
-		return outKeyExpired
-	case idem.NotOwner:
-		s.log.Warn("shard refused a key range it does not own", "shard", shard, "router_map_version", version, "shard_map_version", res.ShardMapVersion)
-		writeProblem(w, probStaleMap, "the owning shard is changing; retry with the same Idempotency-Key", s.cfg.ShardPool.RetryAfter)
-		return outNotOwner
-	}
-	s.log.Error("unexpected transfer outcome", "shard", shard, "outcome", string(res.Outcome))
-	writeProblem(w, probInternal, "", 0)
-	return outError
 }
 
 // Details of the answers to a failed shard call, by what the client should do next.

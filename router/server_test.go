@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/shardmap"
@@ -304,4 +305,48 @@ func TestAuthorizationHeader(t *testing.T) {
 			wantProblem(t, ts.do(tc.method, tc.target, body, "Authorization", "Basic "+tc.token), probUnauthorized, false)
 		})
 	}
+}
+
+// Requests refused before routing never reach a shard (the one here is down, so reaching it
+// would be a 503) and are counted by why: key_expired for a UUIDv7 key older than retention,
+// rejected for the rest.
+func TestRefusedBeforeRouting(t *testing.T) {
+	ts := newTestServer(t, tokenAuth, downDSN)
+	auth := []string{"Authorization", "Bearer client-token", "Content-Type", "application/json"}
+	old := "00000000-0000-7000-8000-000000000000" // a UUIDv7 of 1970
+	future := "ffffffff-ffff-7fff-bfff-ffffffffffff"
+	for _, tc := range []struct {
+		name    string
+		headers []string
+		body    string
+		want    problemType
+		outcome string
+	}{
+		{"no token", []string{"Idempotency-Key", "k"}, validTransfer, probUnauthorized, outRejected},
+		{"no key", auth, validTransfer, probMissingKey, outRejected},
+		{"two keys", append([]string{"Idempotency-Key", "a", "Idempotency-Key", "b"}, auth...), validTransfer, probInvalidKey, outRejected},
+		{"bad key", append([]string{"Idempotency-Key", `"a`}, auth...), validTransfer, probInvalidKey, outRejected},
+		{"form", []string{"Idempotency-Key", "k", "Authorization", "Bearer client-token", "Content-Type", "application/x-www-form-urlencoded"}, validTransfer, probMediaType, outRejected},
+		{"bad body", append([]string{"Idempotency-Key", "k"}, auth...), `{"src":1}`, probInvalidBody, outRejected},
+		{"key from the future", append([]string{"Idempotency-Key", future}, auth...), validTransfer, probInvalidKey, outRejected},
+		{"expired key", append([]string{"Idempotency-Key", old}, auth...), validTransfer, probKeyExpired, outKeyExpired},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := counterValue(t, ts.metrics.transfers.WithLabelValues(tc.outcome, ""))
+			wantProblem(t, ts.do("POST", "/transfers", tc.body, tc.headers...), tc.want, false)
+			if got := counterValue(t, ts.metrics.transfers.WithLabelValues(tc.outcome, "")) - before; got != 1 {
+				t.Errorf("shardgate_transfers_total{outcome=%q} went up by %v, want 1", tc.outcome, got)
+			}
+		})
+	}
+}
+
+// counterValue reads one counter of a vector.
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }

@@ -1,0 +1,214 @@
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"time"
+
+	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/shardmap"
+	"github.com/shardgate/shardgate/topology"
+)
+
+// operation is the idempotency scope's operation part: scope = client + ":" + operation.
+const operation = "transfer"
+
+// maxKeyClockSkew is how far in the future a UUIDv7 key's timestamp may be before the key is
+// refused as invalid: client clocks drift, but not by more than this.
+const maxKeyClockSkew = time.Minute
+
+// admitted is a POST /transfers request that passed every check the router makes on its own.
+type admitted struct {
+	client, key string
+	in          TransferInput
+}
+
+// rejection is the answer to a request refused before any shard is involved; nothing is stored.
+type rejection struct {
+	pt      problemType
+	detail  string
+	outcome string // the label of shardgate_transfers_total
+}
+
+// rejected is the usual rejection: a client error, counted as outRejected.
+func rejected(pt problemType, detail string) *rejection {
+	return &rejection{pt: pt, detail: detail, outcome: outRejected}
+}
+
+// postTransfer serves POST /transfers: the checks the router can make alone, then the shard.
+func (s *Server) postTransfer(w http.ResponseWriter, r *http.Request) {
+	a, rej := s.admit(w, r)
+	if rej == nil {
+		rej = s.checkKeyAge(a.key, time.Now())
+	}
+	if rej != nil {
+		if rej.pt == probUnauthorized {
+			challenge(w, clientRealm)
+		}
+		s.metrics.transfers.WithLabelValues(rej.outcome, "").Inc()
+		writeProblem(w, rej.pt, rej.detail, 0)
+		return
+	}
+	s.route(w, r, s.buildRequest(r, a))
+}
+
+// admit authenticates the client and reads the Idempotency-Key and the body, or says why not.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request) (admitted, *rejection) {
+	client, err := s.authenticate(r)
+	if err != nil {
+		return admitted{}, rejected(probUnauthorized, err.Error())
+	}
+	key, rej := idempotencyKey(r.Header)
+	if rej != nil {
+		return admitted{}, rej
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			return admitted{}, rejected(probMediaType, "send Content-Type: application/json")
+		}
+	}
+	in, err := DecodeTransfer(http.MaxBytesReader(w, r.Body, s.cfg.Transfers.MaxBodyBytes), s.cfg.Transfers.DefaultCurrency)
+	if err != nil {
+		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+			return admitted{}, rejected(probTooLarge, fmt.Sprintf("the body may be at most %d bytes", mbe.Limit))
+		}
+		return admitted{}, rejected(probInvalidBody, err.Error())
+	}
+	return admitted{client: client, key: key, in: in}, nil
+}
+
+// idempotencyKey reads the request's one Idempotency-Key header.
+func idempotencyKey(h http.Header) (string, *rejection) {
+	keys := h.Values("Idempotency-Key")
+	switch {
+	case len(keys) == 0:
+		return "", rejected(probMissingKey, "send an Idempotency-Key header generated once per operation and reused on every retry")
+	case len(keys) > 1:
+		return "", rejected(probInvalidKey, "send exactly one Idempotency-Key header")
+	}
+	key, err := ParseIdempotencyKey(keys[0])
+	if err != nil {
+		return "", rejected(probInvalidKey, err.Error())
+	}
+	return key, nil
+}
+
+// checkKeyAge refuses a UUIDv7 key from the future or older than retention. A UUIDv7 key carries
+// its creation time: one older than retention may have had its record dropped already, so it is
+// refused rather than risk executing it a second time. Any other key's age is the shard's call.
+func (s *Server) checkKeyAge(key string, now time.Time) *rejection {
+	created, ok := keyTime(key)
+	switch {
+	case !ok:
+		return nil
+	case created.After(now.Add(maxKeyClockSkew)):
+		return rejected(probInvalidKey, fmt.Sprintf("the key is a UUIDv7 from the future (%s); generate keys with a correct clock", created.UTC().Format(time.RFC3339)))
+	case created.Before(now.Add(-s.cfg.Idempotency.Retention)):
+		return &rejection{pt: probKeyExpired, outcome: outKeyExpired,
+			detail: fmt.Sprintf("the key was created %s, longer ago than the retention of %s; it will not be executed", created.UTC().Format(time.RFC3339), s.cfg.Idempotency.Retention)}
+	}
+	return nil
+}
+
+// buildRequest makes the shard's request, including the complete 201 response: the transfer id
+// is derived from the key, so what the shard stores is exactly what is sent.
+func (s *Server) buildRequest(r *http.Request, a admitted) idem.TransferRequest {
+	in := a.in
+	scope := a.client + ":" + operation
+	ksid := shardmap.KeyspaceID(in.Src)
+	id := TransferID(ksid, scope, a.key)
+	body, _ := json.Marshal(transferView{ID: id, Src: in.Src, Dst: in.Dst, Amount: in.Amount, Currency: in.Currency, Reference: in.Reference})
+	return idem.TransferRequest{
+		Scope: scope, Key: a.key, RequestHash: Fingerprint(r.Method, r.URL.Path, in),
+		KeyspaceID: ksid, TransferID: id, Client: a.client,
+		Src: in.Src, Dst: in.Dst, Amount: in.Amount, Currency: in.Currency, Reference: in.Reference,
+		Response: idem.Response{
+			Status:  http.StatusCreated,
+			Headers: map[string]string{"Content-Type": "application/json", "Location": "/transfers/" + id},
+			Body:    string(body) + "\n",
+		},
+	}
+}
+
+// route runs req on the shard that owns it, answers, and counts the outcome. A shard that says
+// this router's map is older than its own makes the router reload and route once more.
+func (s *Server) route(w http.ResponseWriter, r *http.Request, req idem.TransferRequest) {
+	// The transfer runs to its end even if the client hangs up: the outcome is then stored for the
+	// retry to replay, instead of being cut off at an unknown point.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.ShardPool.RequestTimeout)
+	defer cancel()
+	topo := s.holdTopology()
+	defer topo.Release()
+	shard, res, err := s.transferOn(ctx, topo, req)
+	if err == nil && res.Outcome == idem.NotOwner && res.ShardMapVersion > topo.Map.Version {
+		// The shard's ownership check is what keeps a stale router from applying anywhere.
+		if s.reloadAtLeast(res.ShardMapVersion) {
+			topo = s.holdTopology()
+			defer topo.Release()
+			shard, res, err = s.transferOn(ctx, topo, req)
+		}
+	}
+	s.metrics.transfers.WithLabelValues(s.answer(w, shard, topo.Map.Version, res, err), shard).Inc()
+}
+
+// transferOn runs req on the shard that owns it in topo and records the shard's latency.
+func (s *Server) transferOn(ctx context.Context, topo *topology.Topology, req idem.TransferRequest) (string, idem.TransferResult, error) {
+	shard, _ := topo.Map.ShardFor(req.KeyspaceID)
+	conn := topo.Shard(shard.Name)
+	if err := conn.Enter(); err != nil {
+		return shard.Name, idem.TransferResult{}, err
+	}
+	defer conn.Leave()
+	start := time.Now()
+	res, err := idem.Transfer(ctx, conn.Pool, req)
+	outcome := string(res.Outcome)
+	if err != nil {
+		outcome = "error"
+	}
+	s.metrics.shardTime.WithLabelValues(shard.Name, outcome).Observe(time.Since(start).Seconds())
+	return shard.Name, res, err
+}
+
+// reloadAtLeast reloads the shard map unless another request already did, and reports whether
+// the serving version is now at least version.
+func (s *Server) reloadAtLeast(version int64) bool {
+	if s.topo.Load().Map.Version < version {
+		s.Reload(s.cfg.ShardmapPath) //nolint:errcheck // Reload logs and counts its result
+	}
+	return s.topo.Load().Map.Version >= version
+}
+
+// answer writes the response for a shard's result and returns the outcome label.
+func (s *Server) answer(w http.ResponseWriter, shard string, version int64, res idem.TransferResult, err error) string {
+	if err != nil {
+		return s.shardFailure(w, shard, err, retrySameKey)
+	}
+	switch res.Outcome {
+	case idem.Applied:
+		writeStored(w, res.Response, false)
+		return outApplied
+	case idem.Replayed:
+		writeStored(w, res.Response, true)
+		return outReplayed
+	case idem.InProgress:
+		writeProblem(w, probInProgress, "the first attempt with this key has not finished; retry after the indicated delay", s.cfg.Idempotency.InProgressRetryAfter)
+		return outInProgress
+	case idem.KeyReused:
+		writeProblem(w, probKeyReused, "this Idempotency-Key was first used with a different request body; generate a new key for a new operation", 0)
+		return outKeyReused
+	case idem.Expired:
+		writeProblem(w, probKeyExpired, "this key's transfer was applied earlier and its idempotency record has expired; it will not be applied again", 0)
+		return outKeyExpired
+	case idem.NotOwner:
+		s.log.Warn("shard refused a key range it does not own", "shard", shard, "router_map_version", version, "shard_map_version", res.ShardMapVersion)
+		writeProblem(w, probStaleMap, "the owning shard is changing; retry with the same Idempotency-Key", s.cfg.ShardPool.RetryAfter)
+		return outNotOwner
+	}
+	s.log.Error("unexpected transfer outcome", "shard", shard, "outcome", string(res.Outcome))
+	writeProblem(w, probInternal, "", 0)
+	return outError
+}
