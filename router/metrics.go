@@ -19,6 +19,7 @@ const (
 	outShardUnavailable = "shard_unavailable" // 503: the outcome on the shard is unknown or nothing was done
 	outShardBusy        = "shard_busy"        // 503: the shard's connections and wait queue are full
 	outNotOwner         = "not_owner"         // 503: the shard refused a key range it does not own
+	outRecordMissing    = "record_missing"    // 503: the key's debit is in the ledger, its record is not
 	outError            = "error"             // 500
 )
 
@@ -26,9 +27,10 @@ const (
 // rate(shardgate_transfers_total{outcome="replayed"}); deploy/prometheus records it as
 // shardgate:replay_ratio:rate5m.
 type metrics struct {
-	transfers *prometheus.CounterVec
-	shardTime *prometheus.HistogramVec
-	reloads   *prometheus.CounterVec
+	transfers      *prometheus.CounterVec
+	shardTime      *prometheus.HistogramVec
+	reloads        *prometheus.CounterVec
+	recordsMissing *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, topo *atomic.Pointer[topology.Topology]) *metrics {
@@ -47,7 +49,13 @@ func newMetrics(reg prometheus.Registerer, topo *atomic.Pointer[topology.Topolog
 		Name: "shardgate_shardmap_reloads_total",
 		Help: "Shard map reloads by result (applied, unchanged, refused).",
 	}, []string{"result"})
-	reg.MustRegister(m.transfers, m.shardTime, m.reloads, &poolCollector{topo: topo})
+	// Also in shardgate_transfers_total{outcome="record_missing"}, but kept apart by shard so that
+	// an alert can say which shard lost records, and so that it exists before the first one does.
+	m.recordsMissing = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shardgate_idempotency_records_missing_total",
+		Help: "Transfers whose debit is in the shard's ledger, younger than retention, but whose idempotency record is missing (a partition detached by hand, say); answered 503 idempotency-record-missing.",
+	}, []string{"shard"})
+	reg.MustRegister(m.transfers, m.shardTime, m.reloads, m.recordsMissing, &poolCollector{topo: topo})
 	return m
 }
 

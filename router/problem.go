@@ -35,6 +35,7 @@ var (
 	probShardBusy        = problemType{"shard-busy", http.StatusServiceUnavailable, "The shard that owns this account is saturated"}
 	probStorageNotReady  = problemType{"storage-not-ready", http.StatusServiceUnavailable, "The owning shard cannot store idempotency records right now"}
 	probStaleMap         = problemType{"shard-map-changing", http.StatusServiceUnavailable, "The account's key range is moving between shards"}
+	probRecordMissing    = problemType{"idempotency-record-missing", http.StatusServiceUnavailable, "The key's stored response is missing on its shard"}
 	probInternal         = problemType{"internal-error", http.StatusInternalServerError, "Internal error"}
 )
 

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -20,6 +21,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/shardgate/shardgate/config"
+	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/shardmap"
 	"github.com/shardgate/shardgate/topology"
 )
@@ -349,4 +351,44 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// A key whose debit is in the ledger but whose record is missing is an inconsistency the client
+// cannot fix and must not work around with a new key: a retryable 503 of its own type, logged
+// as an error naming shard and scope (never the token), counted apart.
+func TestRecordMissing(t *testing.T) {
+	ts := newTestServer(t, tokenAuth+"idempotency:\n  retention: 100h\n  replay_window: 50h\n", downDSN)
+	r := httptest.NewRequest("POST", "/transfers", strings.NewReader(validTransfer))
+	r.Header.Set("Authorization", "Bearer client-token")
+	r.Header.Set("Idempotency-Key", "k1")
+	a, rej := ts.admit(httptest.NewRecorder(), r)
+	if rej != nil {
+		t.Fatalf("refused: %+v", rej)
+	}
+	req := ts.buildRequest(r, a)
+	if req.Retention != 100*time.Hour {
+		t.Errorf("the shard is asked with retention %s, want the configured 100h", req.Retention)
+	}
+	rec := httptest.NewRecorder()
+	if got := ts.answer(rec, "s", 1, req, idem.TransferResult{Outcome: idem.RecordMissing}, nil); got != outRecordMissing {
+		t.Errorf("outcome label %q, want %q", got, outRecordMissing)
+	}
+	p := wantProblem(t, rec, probRecordMissing, true)
+	for _, want := range []string{"applied earlier", "not retry with a new Idempotency-Key", "same key"} {
+		if !strings.Contains(p.Detail, want) {
+			t.Errorf("detail %q does not contain %q", p.Detail, want)
+		}
+	}
+	if got := counterValue(t, ts.metrics.recordsMissing.WithLabelValues("s")); got != 1 {
+		t.Errorf("shardgate_idempotency_records_missing_total{shard=s} = %v, want 1", got)
+	}
+	logs := ts.logs.String()
+	for _, want := range []string{"level=ERROR", "shard=s", "scope=payments-api:transfer", "transfer_id=" + req.TransferID} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("log lacks %q:\n%s", want, logs)
+		}
+	}
+	if strings.Contains(logs, "client-token") {
+		t.Errorf("log shows the client's token:\n%s", logs)
+	}
 }

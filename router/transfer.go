@@ -126,6 +126,7 @@ func (s *Server) buildRequest(r *http.Request, a admitted) idem.TransferRequest 
 		Scope: scope, Key: a.key, RequestHash: Fingerprint(r.Method, r.URL.Path, in),
 		KeyspaceID: ksid, TransferID: id, Client: a.client,
 		Src: in.Src, Dst: in.Dst, Amount: in.Amount, Currency: in.Currency, Reference: in.Reference,
+		Retention: s.cfg.Idempotency.Retention,
 		Response: idem.Response{
 			Status:  http.StatusCreated,
 			Headers: map[string]string{"Content-Type": "application/json", "Location": "/transfers/" + id},
@@ -152,7 +153,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, req idem.Transfer
 			shard, res, err = s.transferOn(ctx, topo, req)
 		}
 	}
-	s.metrics.transfers.WithLabelValues(s.answer(w, shard, topo.Map.Version, res, err), shard).Inc()
+	s.metrics.transfers.WithLabelValues(s.answer(w, shard, topo.Map.Version, req, res, err), shard).Inc()
 }
 
 // transferOn runs req on the shard that owns it in topo and records the shard's latency.
@@ -182,8 +183,8 @@ func (s *Server) reloadAtLeast(version int64) bool {
 	return s.topo.Load().Map.Version >= version
 }
 
-// answer writes the response for a shard's result and returns the outcome label.
-func (s *Server) answer(w http.ResponseWriter, shard string, version int64, res idem.TransferResult, err error) string {
+// answer writes the response for a shard's result for req and returns the outcome label.
+func (s *Server) answer(w http.ResponseWriter, shard string, version int64, req idem.TransferRequest, res idem.TransferResult, err error) string {
 	if err != nil {
 		return s.shardFailure(w, shard, err, retrySameKey)
 	}
@@ -203,6 +204,9 @@ func (s *Server) answer(w http.ResponseWriter, shard string, version int64, res 
 	case idem.Expired:
 		writeProblem(w, probKeyExpired, "this key's transfer was applied earlier and its idempotency record has expired; it will not be applied again", 0)
 		return outKeyExpired
+	case idem.RecordMissing:
+		s.recordMissing(w, shard, req)
+		return outRecordMissing
 	case idem.NotOwner:
 		s.log.Warn("shard refused a key range it does not own", "shard", shard, "router_map_version", version, "shard_map_version", res.ShardMapVersion)
 		writeProblem(w, probStaleMap, "the owning shard is changing; retry with the same Idempotency-Key", s.cfg.ShardPool.RetryAfter)
@@ -211,4 +215,18 @@ func (s *Server) answer(w http.ResponseWriter, shard string, version int64, res 
 	s.log.Error("unexpected transfer outcome", "shard", shard, "outcome", string(res.Outcome))
 	writeProblem(w, probInternal, "", 0)
 	return outError
+}
+
+// recordMissing answers a key whose transfer is in the shard's ledger, younger than retention,
+// while its idempotency record is not to be found: someone removed it (detached today's
+// partition, say). The stored response may come back, so this is no final "expired"; and the
+// transfer was applied, so a new key would apply it twice. Hence a retryable 503 that says to keep
+// the key, and an error in the log that an operator must act on. The token is in neither.
+func (s *Server) recordMissing(w http.ResponseWriter, shard string, req idem.TransferRequest) {
+	s.metrics.recordsMissing.WithLabelValues(shard).Inc()
+	s.log.Error("IDEMPOTENCY RECORD MISSING: a transfer is in the shard's ledger but its idempotency record is gone; "+
+		"was a partition of idempotency_record detached or a row deleted? Retries of this key get 503 until the record is back",
+		"shard", shard, "scope", req.Scope, "key", req.Key, "transfer_id", req.TransferID, "retention", req.Retention)
+	writeProblem(w, probRecordMissing, "the transfer was applied earlier, but its stored response cannot be read on its shard right now; "+
+		"do not retry with a new Idempotency-Key (that would apply it again): retry later with the same key", s.cfg.ShardPool.RetryAfter)
 }
