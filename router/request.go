@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -32,11 +33,12 @@ func badBody(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errBadBody, fmt.Sprintf(format, args...))
 }
 
-// DecodeTransfer reads one JSON object from r. It accepts exactly the fields SPEC names, each
+// DecodeTransfer decodes body, one JSON object. It accepts exactly the fields SPEC names, each
 // at most once and of its exact type: integers must be written as integers (2500, not 2500.0 or
 // 2.5e3) and fit in int64. Anything else is an error wrapping errBadBody that names the problem.
-func DecodeTransfer(r io.Reader, defaultCurrency string) (TransferInput, error) {
-	dec := json.NewDecoder(r)
+// It takes the body whole, read within the size limit, so that "too large" is known first.
+func DecodeTransfer(body []byte, defaultCurrency string) (TransferInput, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	var in TransferInput
 	tok, err := dec.Token()
@@ -110,8 +112,7 @@ func DecodeTransfer(r io.Reader, defaultCurrency string) (TransferInput, error) 
 	return in, nil
 }
 
-// notJSON wraps a decoding error, keeping it inspectable: a body cut off by http.MaxBytesReader
-// must still be told apart as too large.
+// notJSON wraps a decoding error.
 func notJSON(err error) error {
 	return fmt.Errorf("%w: not JSON: %w", errBadBody, err)
 }

@@ -40,7 +40,7 @@ func TestDecodeTransfer(t *testing.T) {
 		{"control in reference", `{"src":1,"dst":2,"amount":3,"reference":"a\u0000b"}`, TransferInput{}, "control characters"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := DecodeTransfer(strings.NewReader(tc.body), "EUR")
+			got, err := DecodeTransfer([]byte(tc.body), "EUR")
 			if tc.err == "" {
 				if err != nil || got != tc.want {
 					t.Fatalf("got %+v, %v; want %+v", got, err, tc.want)
@@ -56,7 +56,7 @@ func TestDecodeTransfer(t *testing.T) {
 
 func TestFingerprintIgnoresFormatting(t *testing.T) {
 	parse := func(body string) TransferInput {
-		in, err := DecodeTransfer(strings.NewReader(body), "EUR")
+		in, err := DecodeTransfer([]byte(body), "EUR")
 		if err != nil {
 			t.Fatal(err)
 		}

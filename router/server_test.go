@@ -1,11 +1,13 @@
 package router
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -390,5 +392,83 @@ func TestRecordMissing(t *testing.T) {
 	}
 	if strings.Contains(logs, "client-token") {
 		t.Errorf("log shows the client's token:\n%s", logs)
+	}
+}
+
+// countingReader counts what is read from it.
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
+}
+
+// A body over transfers.max_body_bytes is 413 whatever it holds, even when what fits is already
+// not JSON, and whether its length is announced (refused unread) or not (chunked).
+func TestBodyOverLimit(t *testing.T) {
+	ts := newTestServer(t, noAuth+"transfers:\n  max_body_bytes: 1024\n", downDSN)
+	pad := func(s string, n int) string { return s + strings.Repeat(" ", n-len(s)) }
+	for _, tc := range []struct {
+		name    string
+		body    string
+		chunked bool
+		want    problemType
+	}{
+		{"broken at once, length announced", "x" + strings.Repeat("y", 2000), false, probTooLarge},
+		{"broken at once, chunked", "x" + strings.Repeat("y", 2000), true, probTooLarge},
+		{"trailing padding, chunked", pad(validTransfer, 2000), true, probTooLarge},
+		{"unknown field first, chunked", `{"x":"` + strings.Repeat("y", 2000) + `"}`, true, probTooLarge},
+		{"one byte over, chunked", pad("x", 1025), true, probTooLarge},
+		{"at the limit, broken", pad("x", 1024), true, probInvalidBody},
+		{"at the limit, valid", pad(validTransfer, 1024), false, probShardUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := &countingReader{r: strings.NewReader(tc.body)}
+			req := httptest.NewRequest("POST", "/transfers", body)
+			req.ContentLength = int64(len(tc.body))
+			if tc.chunked {
+				req.ContentLength = -1
+			}
+			req.Header.Set("Idempotency-Key", "k1")
+			rec := httptest.NewRecorder()
+			ts.ServeHTTP(rec, req)
+			wantProblem(t, rec, tc.want, tc.want == probShardUnavailable)
+			if !tc.chunked && tc.want == probTooLarge && body.n > 0 {
+				t.Errorf("read %d bytes of a body whose Content-Length is already over the limit", body.n)
+			}
+			if tc.chunked && body.n > 1025 {
+				t.Errorf("read %d bytes; one past the limit (1025) is enough to know", body.n)
+			}
+		})
+	}
+}
+
+// With Expect: 100-continue and a Content-Length over the limit the client hears 413 at once: it
+// is never invited to send the body. net/http sends 100 Continue only when the handler first
+// reads the body, so this checks the first status line on the wire.
+func TestExpectContinueOverLimit(t *testing.T) {
+	ts := newTestServer(t, noAuth+"transfers:\n  max_body_bytes: 1024\n", downDSN)
+	srv := httptest.NewServer(ts)
+	defer srv.Close()
+	c, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck // a failure shows as a read error
+	if _, err := io.WriteString(c, "POST /transfers HTTP/1.1\r\nHost: shardgate\r\nIdempotency-Key: k1\r\n"+
+		"Content-Type: application/json\r\nContent-Length: 1000000\r\nExpect: 100-continue\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	if !strings.HasPrefix(line, "HTTP/1.1 413 ") {
+		t.Fatalf("first status line %q, want 413", line)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"mime"
 	"net/http"
 	"time"
@@ -71,14 +72,37 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) (admitted, *rejec
 			return admitted{}, rejected(probMediaType, "send Content-Type: application/json")
 		}
 	}
-	in, err := DecodeTransfer(http.MaxBytesReader(w, r.Body, s.cfg.Transfers.MaxBodyBytes), s.cfg.Transfers.DefaultCurrency)
+	body, rej := s.readBody(w, r)
+	if rej != nil {
+		return admitted{}, rej
+	}
+	in, err := DecodeTransfer(body, s.cfg.Transfers.DefaultCurrency)
 	if err != nil {
-		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			return admitted{}, rejected(probTooLarge, fmt.Sprintf("the body may be at most %d bytes", mbe.Limit))
-		}
 		return admitted{}, rejected(probInvalidBody, err.Error())
 	}
 	return admitted{client: client, key: key, in: in}, nil
+}
+
+// readBody reads the whole body before anything parses it, so that a body over
+// transfers.max_body_bytes is 413 whatever it holds: a JSON error early in a body that is also
+// too large must not win. A Content-Length over the limit is refused without reading a byte,
+// which also answers Expect: 100-continue with the 413 instead of inviting the body (net/http
+// sends 100 Continue only on the first read); a body of unannounced length is read to one byte
+// past the limit at most.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *rejection) {
+	limit := s.cfg.Transfers.MaxBodyBytes
+	tooLarge := rejected(probTooLarge, fmt.Sprintf("the body is over %d bytes, the most this router accepts", limit))
+	if r.ContentLength > limit {
+		return nil, tooLarge
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+		return nil, tooLarge
+	}
+	if err != nil {
+		return nil, rejected(probInvalidBody, fmt.Sprintf("the body could not be read to its end (%v); send it again", err))
+	}
+	return body, nil
 }
 
 // idempotencyKey reads the request's one Idempotency-Key header.
