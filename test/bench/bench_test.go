@@ -171,7 +171,7 @@ func BenchmarkTransfers(b *testing.B) {
 	defer cancel()
 
 	f := setup(ctx, b, s, pgbenchBin)
-	res := newResults(len(s.concurrency))
+	res := make(results, len(s.concurrency))
 	for round := range s.rounds {
 		for i, c := range s.concurrency {
 			f.runLevel(ctx, b, s, round, c, &res[i])
@@ -210,8 +210,6 @@ func phasesAt(c int, s settings) []row {
 
 // results holds, per concurrency, what each row measured over all rounds.
 type results [][numRows]measurement
-
-func newResults(levels int) results { return make(results, levels) }
 
 // measurement is what one row measured in one or more phases.
 type measurement struct {
