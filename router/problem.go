@@ -2,9 +2,11 @@ package router
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
+	"unicode/utf8"
 )
 
 // ProblemBase prefixes every problem type URI. The URIs are stable: clients branch on them.
@@ -58,4 +60,43 @@ func writeProblem(w http.ResponseWriter, pt problemType, detail string, retryAft
 	}
 	w.WriteHeader(pt.status)
 	w.Write(append(body, '\n')) //nolint:errcheck // the client went away; nothing to do
+}
+
+// maxQuoted is how many characters of client-supplied text a problem's detail repeats: enough to
+// recognize it, not enough for a 15,000-character field name to make a 15 KB answer.
+const maxQuoted = 64
+
+// clip returns s whole if it has at most maxQuoted characters, else its first maxQuoted followed
+// by "…" and its length in characters. Every detail that repeats client text passes it through
+// clip, or through quote.
+func clip(s string) string {
+	head, n := clipHead(s)
+	if len(head) == len(s) {
+		return s
+	}
+	return fmt.Sprintf("%s… (%d characters)", head, n)
+}
+
+// quote is clip for text that is quoted, as %q does: the quoted part is the first maxQuoted
+// characters, so escapes cannot hide where the cut is.
+func quote(s string) string {
+	head, n := clipHead(s)
+	if len(head) == len(s) {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprintf("%s… (%d characters)", strconv.Quote(head), n)
+}
+
+// clipHead returns the first maxQuoted characters of s and the number of characters in s.
+func clipHead(s string) (string, int) {
+	n := utf8.RuneCountInString(s)
+	if n <= maxQuoted {
+		return s, n
+	}
+	end := 0
+	for range maxQuoted {
+		_, size := utf8.DecodeRuneInString(s[end:])
+		end += size
+	}
+	return s[:end], n
 }

@@ -56,7 +56,7 @@ func DecodeTransfer(body []byte, defaultCurrency string) (TransferInput, error) 
 		}
 		name := tok.(string) // inside an object the decoder only yields string keys
 		if seen[name] {
-			return in, badBody("field %q appears twice", name)
+			return in, badBody("field %s appears twice", quote(name))
 		}
 		seen[name] = true
 		val, err := dec.Token()
@@ -75,7 +75,7 @@ func DecodeTransfer(body []byte, defaultCurrency string) (TransferInput, error) 
 		case "reference":
 			in.Reference, err = stringField(name, val)
 		default:
-			err = badBody("unknown field %q (allowed: src, dst, amount, currency, reference)", name)
+			err = badBody("unknown field %s (allowed: src, dst, amount, currency, reference)", quote(name))
 		}
 		if err != nil {
 			return in, err
@@ -101,7 +101,7 @@ func DecodeTransfer(body []byte, defaultCurrency string) (TransferInput, error) 
 	if !seen["currency"] {
 		in.Currency = defaultCurrency
 	} else if !isCurrencyCode(in.Currency) {
-		return in, badBody("currency %q must be an ISO 4217 code: three upper-case letters such as EUR", in.Currency)
+		return in, badBody("currency %s must be an ISO 4217 code: three upper-case letters such as EUR", quote(in.Currency))
 	}
 	if n := utf8.RuneCountInString(in.Reference); n > maxReferenceLen {
 		return in, badBody("reference is %d characters; at most %d are allowed", n, maxReferenceLen)
@@ -124,7 +124,7 @@ func intField(name string, tok json.Token) (int64, error) {
 	}
 	v, err := strconv.ParseInt(string(num), 10, 64)
 	if err != nil {
-		return 0, badBody("field %q must be an integer between -9223372036854775808 and 9223372036854775807, got %s", name, num)
+		return 0, badBody("field %q must be an integer between -9223372036854775808 and 9223372036854775807, got %s", name, clip(string(num)))
 	}
 	return v, nil
 }
@@ -144,7 +144,7 @@ func describe(tok json.Token) string {
 	case bool:
 		return "a boolean"
 	case json.Number:
-		return "the number " + string(v)
+		return "the number " + clip(string(v))
 	case string:
 		return "a string"
 	case json.Delim:

@@ -147,3 +147,41 @@ func TestTransferIDRoutesToTheSourceKeyspace(t *testing.T) {
 		}
 	}
 }
+
+// Client text in an error detail is quoted up to 64 characters, then cut with "…" and its full
+// length: a 15,000-character field name must not make a 15 KB answer.
+func TestDetailsQuoteClientTextBounded(t *testing.T) {
+	long := strings.Repeat("é", 14990) + "tail"
+	digits := "1" + strings.Repeat("0", 14999)
+	for _, tc := range []struct{ name, body, want string }{
+		{"unknown field", `{"` + long + `":1}`, `unknown field "` + strings.Repeat("é", 64) + `"… (14994 characters)`},
+		{"currency", `{"src":1,"dst":2,"amount":3,"currency":"` + long + `"}`, `currency "` + strings.Repeat("é", 64) + `"… (14994 characters)`},
+		{"integer overflow", `{"src":` + digits + `,"dst":2,"amount":3}`, "got " + digits[:64] + "… (15000 characters)"},
+		{"decimal", `{"src":1,"dst":2,"amount":` + digits + `.5}`, "got " + digits[:64] + "… (15002 characters)"},
+		{"string for an integer", `{"src":[` + digits + `],"dst":2,"amount":3}`, "got an array"},
+		{"number for a string", `{"src":1,"dst":2,"amount":3,"currency":` + digits + `}`, "got the number " + digits[:64] + "… (15000 characters)"},
+		{"short text in full", `{"src":1,"dst":2,"amount":3,"currency":"eur"}`, `currency "eur" must`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := DecodeTransfer([]byte(tc.body), "EUR")
+			if err == nil || !strings.Contains(err.Error(), tc.want) || len(err.Error()) > 400 {
+				t.Fatalf("error %.500q (%d bytes), want one under 400 bytes containing %q", err, len(err.Error()), tc.want)
+			}
+		})
+	}
+}
+
+func TestQuote(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"", `""`},
+		{"abc", `"abc"`},
+		{"a\"b\n", `"a\"b\n"`},
+		{strings.Repeat("x", 64), `"` + strings.Repeat("x", 64) + `"`},
+		{strings.Repeat("x", 65), `"` + strings.Repeat("x", 64) + `"… (65 characters)`},
+		{strings.Repeat("€", 100), `"` + strings.Repeat("€", 64) + `"… (100 characters)`},
+	} {
+		if got := quote(tc.in); got != tc.want {
+			t.Errorf("quote(%.80q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
