@@ -29,7 +29,7 @@ var (
 	probUnauthorized     = problemType{"unauthorized", http.StatusUnauthorized, "Missing or invalid bearer token"}
 	probNotFound         = problemType{"transfer-not-found", http.StatusNotFound, "No such transfer"}
 	probTooLarge         = problemType{"request-too-large", http.StatusRequestEntityTooLarge, "The request body is too large"}
-	probMediaType        = problemType{"unsupported-media-type", http.StatusUnsupportedMediaType, "The request body must be application/json"}
+	probMediaType        = problemType{"unsupported-media-type", http.StatusUnsupportedMediaType, "The request body must be UTF-8 application/json"}
 	probInProgress       = problemType{"request-in-progress", http.StatusConflict, "A request with this Idempotency-Key is still in progress"}
 	probKeyReused        = problemType{"idempotency-key-reused", http.StatusUnprocessableEntity, "The Idempotency-Key was used for a different request"}
 	probKeyExpired       = problemType{"idempotency-key-expired", http.StatusUnprocessableEntity, "The Idempotency-Key is older than the retention period"}

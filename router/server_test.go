@@ -472,3 +472,38 @@ func TestExpectContinueOverLimit(t *testing.T) {
 		t.Fatalf("first status line %q, want 413", line)
 	}
 }
+
+// Only UTF-8 JSON is accepted: application/json with no charset or charset=utf-8 (any case).
+func TestContentType(t *testing.T) {
+	ts := newTestServer(t, noAuth, downDSN)
+	for _, tc := range []struct {
+		ct     string
+		refuse string // substring of the 415 detail; empty: accepted (and then meets the down shard)
+	}{
+		{"", ""},
+		{"application/json", ""},
+		{"APPLICATION/JSON", ""},
+		{"application/json; charset=utf-8", ""},
+		{"application/json;charset=UTF-8", ""},
+		{`application/json; charset="Utf-8"`, ""},
+		{"application/json; charset=latin1", `UTF-8 JSON, not charset "latin1"`},
+		{"application/json; charset=iso-8859-1", `UTF-8 JSON, not charset "iso-8859-1"`},
+		{"application/json; charset=utf-16", `UTF-8 JSON, not charset "utf-16"`},
+		{"application/json; charset=utf8", `UTF-8 JSON, not charset "utf8"`},
+		{"application/json; charset=" + strings.Repeat("x", 5000), `"… (5000 characters)`},
+		{"application/json; charset=", "send Content-Type: application/json"},
+		{"text/plain", "send Content-Type: application/json"},
+		{"application/x-www-form-urlencoded", "send Content-Type: application/json"},
+	} {
+		t.Run(clip(tc.ct), func(t *testing.T) {
+			rec := ts.do("POST", "/transfers", validTransfer, "Idempotency-Key", "k1", "Content-Type", tc.ct)
+			if tc.refuse == "" {
+				wantProblem(t, rec, probShardUnavailable, true)
+				return
+			}
+			if p := wantProblem(t, rec, probMediaType, false); !strings.Contains(p.Detail, tc.refuse) {
+				t.Errorf("detail %q does not contain %q", p.Detail, tc.refuse)
+			}
+		})
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/shardgate/shardgate/idem"
@@ -67,10 +68,8 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) (admitted, *rejec
 	if rej != nil {
 		return admitted{}, rej
 	}
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-			return admitted{}, rejected(probMediaType, "send Content-Type: application/json")
-		}
+	if rej := checkMediaType(r.Header.Get("Content-Type")); rej != nil {
+		return admitted{}, rej
 	}
 	body, rej := s.readBody(w, r)
 	if rej != nil {
@@ -81,6 +80,24 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) (admitted, *rejec
 		return admitted{}, rejected(probInvalidBody, err.Error())
 	}
 	return admitted{client: client, key: key, in: in}, nil
+}
+
+// checkMediaType accepts a body sent as application/json, or with no Content-Type at all, only
+// as UTF-8: with no charset or charset=utf-8, in any case. JSON exchanged between systems is
+// UTF-8 (RFC 8259 §8.1), and a body declared in another charset would be read as text the
+// client did not mean, so it is refused rather than guessed at.
+func checkMediaType(contentType string) *rejection {
+	if contentType == "" {
+		return nil
+	}
+	mt, params, err := mime.ParseMediaType(contentType)
+	if err != nil || mt != "application/json" {
+		return rejected(probMediaType, "send Content-Type: application/json")
+	}
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+		return rejected(probMediaType, fmt.Sprintf("the body must be UTF-8 JSON, not charset %s; send Content-Type: application/json or application/json; charset=utf-8", quote(cs)))
+	}
+	return nil
 }
 
 // readBody reads the whole body before anything parses it, so that a body over
