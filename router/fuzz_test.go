@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -17,13 +18,16 @@ import (
 	"github.com/shardgate/shardgate/topology"
 )
 
-// FuzzDecodeTransfer: any body either decodes to a valid transfer or is a client error; a
-// decoded transfer decodes to the same value after canonical re-encoding.
+// FuzzDecodeTransfer: any body either decodes to a valid transfer or is a client error; an
+// accepted body is valid UTF-8 and its strings hold no U+FFFD that it did not send; a decoded
+// transfer decodes to the same value after canonical re-encoding.
 func FuzzDecodeTransfer(f *testing.F) {
 	for _, s := range []string{
 		`{"src": 8842, "dst": 1190, "amount": 2500}`,
 		`{"src":1,"dst":2,"amount":3,"currency":"USD","reference":"inv"}`,
 		`{"src":1,"src":2}`, `[]`, `{"amount":1e3}`, `{"src":-9223372036854775808,"dst":0,"amount":1}`, "\xff",
+		`{"src":1,"dst":2,"amount":3,"reference":"\ud83d\ude00\ufffd"}`, `{"src":1,"dst":2,"amount":3,"reference":"\ud800"}`,
+		"{\"src\":1,\"dst\":2,\"amount\":3,\"reference\":\"\xef\xbf\xbd\xed\xa0\x80\"}",
 	} {
 		f.Add(s)
 	}
@@ -37,6 +41,12 @@ func FuzzDecodeTransfer(f *testing.F) {
 		}
 		if in.Amount <= 0 || in.Src == in.Dst || !isCurrencyCode(in.Currency) {
 			t.Fatalf("accepted an invalid transfer %+v", in)
+		}
+		if !utf8.ValidString(body) {
+			t.Fatalf("accepted a body that is not UTF-8: %q", body)
+		}
+		if n := strings.Count(in.Reference, "\uFFFD"); n > strings.Count(body, "\uFFFD")+strings.Count(strings.ToLower(body), `\ufffd`) {
+			t.Fatalf("reference %q holds U+FFFD that %q did not send", in.Reference, body)
 		}
 		canonical, _ := json.Marshal(in)
 		re, err := DecodeTransfer(canonical, "EUR")

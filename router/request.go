@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -35,33 +36,46 @@ func badBody(format string, args ...any) error {
 
 // DecodeTransfer decodes body, one JSON object. It accepts exactly the fields SPEC names, each
 // at most once and of its exact type: integers must be written as integers (2500, not 2500.0 or
-// 2.5e3) and fit in int64. Anything else is an error wrapping errBadBody that names the problem.
-// It takes the body whole, read within the size limit, so that "too large" is known first.
+// 2.5e3) and fit in int64; strings must be valid UTF-8 with no lone surrogate escapes. Anything
+// else is an error wrapping errBadBody that names the problem. It takes the body whole, read
+// within the size limit, so that "too large" is known first.
 func DecodeTransfer(body []byte, defaultCurrency string) (TransferInput, error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var in TransferInput
-	tok, err := dec.Token()
+	in, seen, err := decodeFields(body)
 	if err != nil {
-		return in, notJSON(err)
+		return in, err
+	}
+	if !seen["currency"] {
+		in.Currency = defaultCurrency
+	}
+	return in, validateTransfer(in)
+}
+
+// decodeFields reads the object's fields, refusing unknown, repeated, missing and mistyped ones.
+func decodeFields(body []byte) (TransferInput, map[string]bool, error) {
+	var in TransferInput
+	tr := tokenReader{dec: json.NewDecoder(bytes.NewReader(body)), body: body}
+	tr.dec.UseNumber()
+	tok, err := tr.next(func(string) string { return "the body" })
+	if err != nil {
+		return in, nil, err
 	}
 	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return in, badBody("must be a JSON object")
+		return in, nil, badBody("must be a JSON object")
 	}
 	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
+	for tr.dec.More() {
+		tok, err := tr.next(func(name string) string { return "field name " + quote(name) })
 		if err != nil {
-			return in, notJSON(err)
+			return in, nil, err
 		}
 		name := tok.(string) // inside an object the decoder only yields string keys
 		if seen[name] {
-			return in, badBody("field %s appears twice", quote(name))
+			return in, nil, badBody("field %s appears twice", quote(name))
 		}
 		seen[name] = true
-		val, err := dec.Token()
+		val, err := tr.next(func(string) string { return "field " + quote(name) })
 		if err != nil {
-			return in, notJSON(err)
+			return in, nil, err
 		}
 		switch name {
 		case "src":
@@ -78,38 +92,107 @@ func DecodeTransfer(body []byte, defaultCurrency string) (TransferInput, error) 
 			err = badBody("unknown field %s (allowed: src, dst, amount, currency, reference)", quote(name))
 		}
 		if err != nil {
-			return in, err
+			return in, nil, err
 		}
 	}
-	if _, err := dec.Token(); err != nil { // the closing brace
-		return in, notJSON(err)
+	if _, err := tr.dec.Token(); err != nil { // the closing brace
+		return in, nil, notJSON(err)
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return in, badBody("unexpected data after the JSON object")
+	if _, err := tr.dec.Token(); err != io.EOF {
+		return in, nil, badBody("unexpected data after the JSON object")
 	}
 	for _, f := range []string{"src", "dst", "amount"} {
 		if !seen[f] {
-			return in, badBody("field %q is required", f)
+			return in, nil, badBody("field %q is required", f)
 		}
 	}
+	return in, seen, nil
+}
+
+// validateTransfer checks the rules a well-formed transfer must also follow.
+func validateTransfer(in TransferInput) error {
 	if in.Amount <= 0 {
-		return in, badBody("amount must be a positive integer in minor units, got %d", in.Amount)
+		return badBody("amount must be a positive integer in minor units, got %d", in.Amount)
 	}
 	if in.Src == in.Dst {
-		return in, badBody("src and dst must differ (both are %d)", in.Src)
+		return badBody("src and dst must differ (both are %d)", in.Src)
 	}
-	if !seen["currency"] {
-		in.Currency = defaultCurrency
-	} else if !isCurrencyCode(in.Currency) {
-		return in, badBody("currency %s must be an ISO 4217 code: three upper-case letters such as EUR", quote(in.Currency))
+	if !isCurrencyCode(in.Currency) {
+		return badBody("currency %s must be an ISO 4217 code: three upper-case letters such as EUR", quote(in.Currency))
 	}
 	if n := utf8.RuneCountInString(in.Reference); n > maxReferenceLen {
-		return in, badBody("reference is %d characters; at most %d are allowed", n, maxReferenceLen)
+		return badBody("reference is %d characters; at most %d are allowed", n, maxReferenceLen)
 	}
 	if strings.ContainsFunc(in.Reference, unicode.IsControl) {
-		return in, badBody("reference must not contain control characters")
+		return badBody("reference must not contain control characters")
 	}
-	return in, nil
+	return nil
+}
+
+// tokenReader yields the tokens of body, checking the raw text of every string first:
+// encoding/json silently turns invalid UTF-8 and lone surrogate escapes (\ud800) into U+FFFD, so
+// two different bodies would otherwise decode, and fingerprint, the same.
+type tokenReader struct {
+	dec  *json.Decoder
+	body []byte
+}
+
+// next returns the next token. A string's problem is told by what, given the string as decoded
+// (with U+FFFD for what was wrong), to name it: field "reference", or field name "sr�c".
+func (tr *tokenReader) next(what func(decoded string) string) (json.Token, error) {
+	start := tr.dec.InputOffset()
+	tok, err := tr.dec.Token()
+	if err != nil {
+		return nil, notJSON(err)
+	}
+	if str, ok := tok.(string); ok {
+		// The raw text runs from the end of the previous token (so it may start with
+		// whitespace, ',' or ':', none of which can upset the checks) to the closing quote.
+		if problem := rawStringProblem(tr.body[start:tr.dec.InputOffset()]); problem != "" {
+			return nil, badBody("%s %s", what(str), problem)
+		}
+	}
+	return tok, nil
+}
+
+// rawStringProblem says what is wrong with raw, the text of a JSON string the decoder accepted,
+// or returns "". The decoder has checked the escapes' syntax: a backslash is followed by one
+// escape character, and \u by four hex digits.
+func rawStringProblem(raw []byte) string {
+	if !utf8.Valid(raw) {
+		return "is not valid UTF-8; send JSON as UTF-8"
+	}
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		i++ // the escape character
+		if i+4 >= len(raw) || raw[i] != 'u' {
+			continue
+		}
+		r := hex4(raw[i+1 : i+5])
+		if utf16.IsSurrogate(r) && r < 0xdc00 && i+10 < len(raw) && raw[i+5] == '\\' && raw[i+6] == 'u' {
+			if low := hex4(raw[i+7 : i+11]); low >= 0xdc00 && low <= 0xdfff {
+				i += 10 // a high and a low surrogate: one character
+				continue
+			}
+		}
+		if utf16.IsSurrogate(r) {
+			return fmt.Sprintf("contains %s, a lone surrogate escape (not a character); escape a character outside the BMP as a pair such as \\ud83d\\ude00, or send it as UTF-8", raw[i-1:i+5])
+		}
+		i += 4
+	}
+	return ""
+}
+
+// hex4 is the value of four hex digits the JSON decoder has already checked.
+func hex4(b []byte) rune {
+	var r rune
+	for _, c := range b {
+		d, _ := hexValue(c)
+		r = r<<4 | rune(d)
+	}
+	return r
 }
 
 // notJSON wraps a decoding error.

@@ -185,3 +185,52 @@ func TestQuote(t *testing.T) {
 		}
 	}
 }
+
+// encoding/json turns invalid UTF-8 and lone surrogate escapes into U+FFFD without a word, so
+// two different bodies would decode, and fingerprint, the same: they are refused, naming the
+// field. U+FFFD itself, sent as UTF-8 or as \ufffd, is a character like any other.
+func TestDecodeTransferRefusesWhatJSONWouldReplace(t *testing.T) {
+	const head = `{"src":1,"dst":2,"amount":3,`
+	for _, tc := range []struct{ name, body, err string }{
+		{"invalid byte in reference", head + "\"reference\":\"a\xffb\"}", `field "reference" is not valid UTF-8`},
+		{"UTF-8 encoded surrogate", head + "\"reference\":\"\xed\xa0\x80\"}", `field "reference" is not valid UTF-8`},
+		{"overlong encoding", head + "\"reference\":\"\xc0\xaf\"}", `field "reference" is not valid UTF-8`},
+		{"truncated sequence", head + "\"reference\":\"\xe2\x82\"}", `field "reference" is not valid UTF-8`},
+		{"lone high surrogate", head + `"reference":"\ud800"}`, `field "reference" contains \ud800`},
+		{"lone low surrogate", head + `"reference":"x\uDC00y"}`, `field "reference" contains \uDC00`},
+		{"high then text", head + `"reference":"\ud83dx"}`, `field "reference" contains \ud83d`},
+		{"high then non-low escape", head + `"reference":"\ud83d\u0041"}`, `field "reference" contains \ud83d`},
+		{"two highs", head + `"reference":"\ud83d\ud83d\ude00"}`, `field "reference" contains \ud83d`},
+		{"low then high", head + `"reference":"\ude00\ud83d"}`, `field "reference" contains \ude00`},
+		{"invalid currency", head + "\"currency\":\"E\xffR\"}", `field "currency" is not valid UTF-8`},
+		{"surrogate currency", head + `"currency":"\udead"}`, `field "currency" contains \udead`},
+		{"invalid field name", "{\"sr\xffc\":1}", "field name \"sr\uFFFDc\" is not valid UTF-8"},
+		{"surrogate field name", `{"src\ud800":1}`, "field name \"src\uFFFD\" contains \\ud800"},
+		{"invalid byte in an integer field", "{\"src\":\"\xff\"}", `field "src" is not valid UTF-8`},
+		{"invalid top level string", "\"\xff\"", "the body is not valid UTF-8"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := DecodeTransfer([]byte(tc.body), "EUR")
+			if err == nil || !strings.Contains(err.Error(), tc.err) || !errors.Is(err, errBadBody) {
+				t.Fatalf("error %v, want one containing %q", err, tc.err)
+			}
+		})
+	}
+	for _, tc := range []struct{ name, body, reference string }{
+		{"U+FFFD as UTF-8", head + "\"reference\":\"a\xef\xbf\xbdb\"}", "a\uFFFDb"},
+		{"U+FFFD escaped", head + `"reference":"a\ufffdb"}`, "a\uFFFDb"},
+		{"U+FFFD escaped upper case", head + `"reference":"\uFFFD"}`, "\uFFFD"},
+		{"surrogate pair", head + `"reference":"\ud83d\ude00"}`, "😀"},
+		{"surrogate pair upper case", head + `"reference":"\uD83D\uDE00!"}`, "😀!"},
+		{"astral as UTF-8", head + `"reference":"😀"}`, "😀"},
+		{"escaped backslash before u", head + `"reference":"\\ud800"}`, `\ud800`},
+		{"escaped quote", head + `"reference":"\"\ud83d\ude00\""}`, `"😀"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in, err := DecodeTransfer([]byte(tc.body), "EUR")
+			if err != nil || in.Reference != tc.reference {
+				t.Fatalf("got %q, %v; want %q", in.Reference, err, tc.reference)
+			}
+		})
+	}
+}
