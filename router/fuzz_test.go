@@ -59,7 +59,8 @@ func FuzzDecodeTransfer(f *testing.F) {
 // FuzzParseIdempotencyKey: a parsed key is always 1-255 visible ASCII characters, and its
 // quoted form parses back to it.
 func FuzzParseIdempotencyKey(f *testing.F) {
-	for _, s := range []string{"9f1c2d64-0a1e-4f7c-9d2b-3d8e5c1a77f0", `"abc"`, `"a\"b"`, `"`, "", " x ", "a\x00"} {
+	for _, s := range []string{"9f1c2d64-0a1e-4f7c-9d2b-3d8e5c1a77f0", `"abc"`, `"a\"b"`, `"`, "", " x ", "a\x00",
+		`"abc";x=1`, `"abc";a;b=?0;c="s";d=-1.5;e=:aGk=:;f=tok/1`, `"abc";X`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, header string) {
@@ -79,8 +80,10 @@ func FuzzParseIdempotencyKey(f *testing.F) {
 			}
 		}
 		quoted := `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
-		if k, err := ParseIdempotencyKey(quoted); err != nil || k != key {
-			t.Fatalf("quoted form %q parsed to %q, %v", quoted, k, err)
+		for _, form := range []string{quoted, quoted + ";x", quoted + `;a=1;b="p"`} {
+			if k, err := ParseIdempotencyKey(form); err != nil || k != key {
+				t.Fatalf("quoted form %q parsed to %q, %v", form, k, err)
+			}
 		}
 	})
 }
