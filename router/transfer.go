@@ -82,6 +82,22 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) (admitted, *rejec
 	return admitted{client: client, key: key, in: in}, nil
 }
 
+// idempotencyKey reads the request's one Idempotency-Key header.
+func idempotencyKey(h http.Header) (string, *rejection) {
+	keys := h.Values("Idempotency-Key")
+	switch {
+	case len(keys) == 0:
+		return "", rejected(probMissingKey, "send an Idempotency-Key header generated once per operation and reused on every retry")
+	case len(keys) > 1:
+		return "", rejected(probInvalidKey, "send exactly one Idempotency-Key header")
+	}
+	key, err := ParseIdempotencyKey(keys[0])
+	if err != nil {
+		return "", rejected(probInvalidKey, err.Error())
+	}
+	return key, nil
+}
+
 // checkMediaType accepts a body sent as application/json, or with no Content-Type at all, only
 // as UTF-8: with no charset or charset=utf-8, in any case. JSON exchanged between systems is
 // UTF-8 (RFC 8259 §8.1), and a body declared in another charset would be read as text the
@@ -120,22 +136,6 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *reje
 		return nil, rejected(probInvalidBody, fmt.Sprintf("the body could not be read to its end (%v); send it again", err))
 	}
 	return body, nil
-}
-
-// idempotencyKey reads the request's one Idempotency-Key header.
-func idempotencyKey(h http.Header) (string, *rejection) {
-	keys := h.Values("Idempotency-Key")
-	switch {
-	case len(keys) == 0:
-		return "", rejected(probMissingKey, "send an Idempotency-Key header generated once per operation and reused on every retry")
-	case len(keys) > 1:
-		return "", rejected(probInvalidKey, "send exactly one Idempotency-Key header")
-	}
-	key, err := ParseIdempotencyKey(keys[0])
-	if err != nil {
-		return "", rejected(probInvalidKey, err.Error())
-	}
-	return key, nil
 }
 
 // checkKeyAge refuses a UUIDv7 key from the future or older than retention. A UUIDv7 key carries
