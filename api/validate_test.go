@@ -51,9 +51,9 @@ var answers = []answer{
 		header: problemHeader("Retry-After", "2"), body: problemBody("shard-unavailable", 503)},
 	{name: "get transfer", method: "GET", target: "/transfers/" + transferID, status: 200, valid: true,
 		header: map[string]string{"Content-Type": "application/json"},
-		body:   `{"id":"` + transferID + `","src":8842,"dst":1190,"amount":2500,"currency":"EUR","created_at":"2026-12-02T13:35:02.656619Z","status":"pending","settled_at":null}`},
-	{name: "balance", method: "GET", target: "/accounts/8842/balance", status: 200, valid: true,
-		header: map[string]string{"Content-Type": "application/json"}, body: `{"account":8842,"balances":[{"currency":"EUR","balance":-2500,"pending":0}]}`},
+		body:   `{"id":"` + transferID + `","src":8842,"dst":1190,"amount":2500,"currency":"EUR","created_at":"2026-12-02T13:35:02.656619Z"}`},
+	{name: "record missing", method: "POST", target: "/transfers", status: 503, valid: true,
+		header: problemHeader("Retry-After", "1"), body: problemBody("idempotency-record-missing", 503)},
 	{name: "not ready", method: "GET", target: "/readyz?partial=1", status: 503, valid: true,
 		header: map[string]string{"Content-Type": "application/json"}, body: `{"shardmap_version":1,"shards":{"shard-0":"unreachable"}}`},
 	{name: "drained shard", method: "GET", target: "/admin/shardmap", status: 200, valid: true,
@@ -84,6 +84,10 @@ var answers = []answer{
 	{name: "undocumented status", method: "POST", target: "/transfers", status: 418, why: "status",
 		header: problemHeader(), body: problemBody("internal-error", 418)},
 	{name: "undocumented operation", method: "DELETE", target: "/transfers/" + transferID, status: 204, why: "not an operation"},
+	{name: "balance, not served yet", method: "GET", target: "/accounts/8842/balance", status: 200, why: "not an operation",
+		header: map[string]string{"Content-Type": "application/json"}, body: `{"account":8842,"balances":[]}`},
+	{name: "record missing on a read", method: "GET", target: "/transfers/" + transferID, status: 503, why: "type",
+		header: problemHeader("Retry-After", "1"), body: problemBody("idempotency-record-missing", 503)},
 }
 
 func TestValidateResponse(t *testing.T) {
