@@ -1,13 +1,3 @@
-// Package shardgatetest runs PostgreSQL shards, and the router, as containers on a private
-// Docker network through testcontainers-go, and breaks them on purpose: stop, kill, pause, cut
-// off from the network. It is for integration tests: shardgate's own multi-shard suite
-// (SHARDGATE_TEST_BACKEND=docker) and bank fault suite use it, and so can the tests of services
-// that call shardgate.
-//
-// Nothing is pulled: the images (shardgate/postgres:15 and shardgate/router:dev by default,
-// SHARDGATE_PG_IMAGE and SHARDGATE_ROUTER_IMAGE to choose others, e.g. postgres:15 where a
-// registry is reachable) must exist locally, built by deploy/images/build-postgres-image.sh
-// and deploy/images/build-router-image.sh.
 package shardgatetest
 
 import (
@@ -63,7 +53,7 @@ func Image() string {
 	return DefaultImage
 }
 
-// ErrNoImage is returned (wrapped) when the PostgreSQL image is not present locally.
+// ErrNoImage is returned (wrapped) when the PostgreSQL or the router image is not present locally.
 var ErrNoImage = errors.New("PostgreSQL image not found locally")
 
 var reaperOnce sync.Once
@@ -88,9 +78,9 @@ func disableReaper() {
 	})
 }
 
-// Docker returns a client for the local Docker Engine after checking that the engine answers
+// DockerClient returns a client for the local Docker Engine after checking that the engine answers
 // and that image exists locally. Its errors say what to do about them.
-func Docker(ctx context.Context, image string) (*testcontainers.DockerClient, error) {
+func DockerClient(ctx context.Context, image string) (*testcontainers.DockerClient, error) {
 	disableReaper()
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
@@ -114,7 +104,7 @@ func Docker(ctx context.Context, image string) (*testcontainers.DockerClient, er
 // Cluster is a set of PostgreSQL shard containers on one private network.
 type Cluster struct {
 	Network *testcontainers.DockerNetwork
-	Shards  []*Shard
+	Shards  []*ShardContainer
 	cli     *testcontainers.DockerClient
 
 	mu      sync.Mutex
@@ -127,7 +117,7 @@ type Cluster struct {
 // and pools opened with it reconnect. On error, whatever was started is removed.
 func StartCluster(ctx context.Context, n int) (_ *Cluster, err error) {
 	image := Image()
-	cli, err := Docker(ctx, image)
+	cli, err := DockerClient(ctx, image)
 	if err != nil {
 		return nil, err
 	}
@@ -144,13 +134,13 @@ func StartCluster(ctx context.Context, n int) (_ *Cluster, err error) {
 		return nil, fmt.Errorf("create network: %w", err)
 	}
 	// Started concurrently: each container's initdb is the slow part and they do not interact.
-	c.Shards = make([]*Shard, n)
+	c.Shards = make([]*ShardContainer, n)
 	c.open = n
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			c.Shards[i], errs[i] = c.startShard(ctx, image, fmt.Sprintf("shard-%d", i))
+			c.Shards[i], errs[i] = c.startShard(ctx, image, shardName(i))
 		})
 	}
 	wg.Wait()
@@ -159,14 +149,14 @@ func StartCluster(ctx context.Context, n int) (_ *Cluster, err error) {
 
 // startShard starts one shard container, retrying with another port if the chosen one was
 // taken between choosing and binding it.
-func (c *Cluster) startShard(ctx context.Context, image, alias string) (*Shard, error) {
+func (c *Cluster) startShard(ctx context.Context, image, alias string) (*ShardContainer, error) {
 	var err error
 	for range 3 {
 		var port int
 		if port, err = localpg.FreePort(); err != nil {
 			return nil, err
 		}
-		var s *Shard
+		var s *ShardContainer
 		if s, err = c.runShard(ctx, image, alias, port); err == nil {
 			return s, nil
 		}
@@ -183,11 +173,11 @@ func portTaken(err error) bool {
 	return strings.Contains(msg, "port is already allocated") || strings.Contains(msg, "address already in use")
 }
 
-func (c *Cluster) runShard(ctx context.Context, image, alias string, port int) (*Shard, error) {
+func (c *Cluster) runShard(ctx context.Context, image, alias string, port int) (*ShardContainer, error) {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	password := rand.Text() // per container; it appears only inside DSNs, which are never logged
-	s := &Shard{cluster: c, Alias: alias, port: port, password: password}
+	s := &ShardContainer{cluster: c, Alias: alias, port: port, password: password}
 	pgPort := dockernet.MustParsePort("5432/tcp")
 	ctr, err := tcpostgres.Run(ctx, image,
 		tcpostgres.WithUsername(dbUser),
@@ -257,8 +247,9 @@ func (c *Cluster) removeNetwork() error {
 	return err
 }
 
-// Shard is one PostgreSQL container. Its methods are safe for concurrent use.
-type Shard struct {
+// ShardContainer is one PostgreSQL shard as a container: a [Shard] that can also be cut off
+// the network. Its methods are safe for concurrent use.
+type ShardContainer struct {
 	// Alias is the shard's host name on the cluster network (shard-0, shard-1, ...).
 	Alias    string
 	cluster  *Cluster
@@ -270,20 +261,23 @@ type Shard struct {
 	closed bool
 }
 
+// Name is the shard's name in the shard map, also its host name on the cluster network.
+func (s *ShardContainer) Name() string { return s.Alias }
+
 // DSN is the shard's connection string from the host. It stays the same across Stop, Kill and
 // Restart because the host port is bound explicitly.
-func (s *Shard) DSN() string { return s.dsnAt("127.0.0.1", strconv.Itoa(s.port)) }
+func (s *ShardContainer) DSN() string { return s.dsnAt("127.0.0.1", strconv.Itoa(s.port)) }
 
 // Password is the shard's database password, random per container; a test can check that it
 // never reaches a log.
-func (s *Shard) Password() string { return s.password }
+func (s *ShardContainer) Password() string { return s.password }
 
-func (s *Shard) dsnAt(host, port string) string {
+func (s *ShardContainer) dsnAt(host, port string) string {
 	return fmt.Sprintf("postgres://%s:%s@%s/%s?sslmode=disable", dbUser, s.password, net.JoinHostPort(host, port), dbName)
 }
 
 // Stop shuts the server down cleanly (SIGINT, PostgreSQL's fast shutdown) and stops the container.
-func (s *Shard) Stop(ctx context.Context) error {
+func (s *ShardContainer) Stop(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	grace := stopGrace
@@ -296,7 +290,7 @@ func (s *Shard) Stop(ctx context.Context) error {
 }
 
 // Kill sends SIGKILL: the server dies without a shutdown checkpoint, as in a crash.
-func (s *Shard) Kill(ctx context.Context) error {
+func (s *ShardContainer) Kill(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	s.mu.Lock()
@@ -327,7 +321,7 @@ func kill(ctx context.Context, cli *testcontainers.DockerClient, ctr testcontain
 }
 
 // Restart starts the stopped or killed container again and waits until it answers SQL.
-func (s *Shard) Restart(ctx context.Context) error {
+func (s *ShardContainer) Restart(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	s.mu.Lock()
@@ -340,7 +334,7 @@ func (s *Shard) Restart(ctx context.Context) error {
 
 // checkPort confirms Docker published the port DSN names: a pool opened with the DSN must
 // reach the same server after every restart.
-func (s *Shard) checkPort(ctx context.Context) error {
+func (s *ShardContainer) checkPort(ctx context.Context) error {
 	p, err := s.ctr.MappedPort(ctx, "5432/tcp")
 	if err != nil {
 		return fmt.Errorf("%s: mapped port: %w", s.Alias, err)
@@ -353,7 +347,7 @@ func (s *Shard) checkPort(ctx context.Context) error {
 
 // Pause freezes every process of the container (cgroup freezer): connections stay open and
 // stall, as with a server hung on I/O or a long GC-like stop.
-func (s *Shard) Pause(ctx context.Context) error {
+func (s *ShardContainer) Pause(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	if _, err := s.cluster.cli.ContainerPause(ctx, s.ctr.GetContainerID(), client.ContainerPauseOptions{}); err != nil {
@@ -362,8 +356,8 @@ func (s *Shard) Pause(ctx context.Context) error {
 	return nil
 }
 
-// Unpause resumes a paused container.
-func (s *Shard) Unpause(ctx context.Context) error {
+// Resume unpauses a paused container.
+func (s *ShardContainer) Resume(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	if _, err := s.cluster.cli.ContainerUnpause(ctx, s.ctr.GetContainerID(), client.ContainerUnpauseOptions{}); err != nil {
@@ -374,7 +368,7 @@ func (s *Shard) Unpause(ctx context.Context) error {
 
 // Disconnect cuts the container off the cluster network. Its published port goes with it, so
 // clients on the host lose it too: established connections stall, new ones fail.
-func (s *Shard) Disconnect(ctx context.Context) error {
+func (s *ShardContainer) Disconnect(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	if _, err := s.cluster.cli.NetworkDisconnect(ctx, s.cluster.Network.ID, client.NetworkDisconnectOptions{Container: s.ctr.GetContainerID(), Force: true}); err != nil {
@@ -384,7 +378,7 @@ func (s *Shard) Disconnect(ctx context.Context) error {
 }
 
 // Connect reattaches the container to the cluster network under its alias.
-func (s *Shard) Connect(ctx context.Context) error {
+func (s *ShardContainer) Connect(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	if _, err := s.cluster.cli.NetworkConnect(ctx, s.cluster.Network.ID, client.NetworkConnectOptions{
@@ -398,7 +392,7 @@ func (s *Shard) Connect(ctx context.Context) error {
 
 // Close terminates (stops and removes) the container; the last shard to close also removes the
 // cluster's network. Closing twice is harmless.
-func (s *Shard) Close() error {
+func (s *ShardContainer) Close() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()

@@ -39,11 +39,11 @@ const RouterConfigDir = "/etc/shardgate"
 
 // NetworkDSN is the shard's connection string from inside the cluster network, for a router
 // running there as a container: the shard's alias and PostgreSQL's own port.
-func (s *Shard) NetworkDSN() string { return s.dsnAt(s.Alias, "5432") }
+func (s *ShardContainer) NetworkDSN() string { return s.dsnAt(s.Alias, "5432") }
 
-// Router is the router image running as a container on the cluster network, as users deploy it.
-// Its API port is published on a fixed 127.0.0.1 port, so its address survives Kill and Restart.
-type Router struct {
+// RouterContainer is the router image running as a container on the cluster network, as users
+// deploy it. Its API port is published on a fixed 127.0.0.1 port, so its address survives Kill and Restart.
+type RouterContainer struct {
 	cluster *Cluster
 	port    int
 
@@ -55,20 +55,18 @@ type Router struct {
 // router.yaml and shard map (mounted as RouterConfigDir/router.yaml and /shardmap.yaml; the
 // router.yaml must listen on 0.0.0.0:8080 and name shardmap.yaml), and waits until it is ready.
 // The shard map's DSNs should be the shards' NetworkDSNs.
-func (c *Cluster) StartRouter(ctx context.Context, routerYAML, shardmapYAML []byte) (*Router, error) {
-	image := RouterImage()
-	ictx, cancel := context.WithTimeout(ctx, opTimeout)
-	_, err := c.cli.ImageInspect(ictx, image)
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("%w: %s (%v); build it with deploy/images/build-router-image.sh, or set SHARDGATE_ROUTER_IMAGE to an image you have", ErrNoImage, image, err)
+func (c *Cluster) StartRouter(ctx context.Context, routerYAML, shardmapYAML []byte) (*RouterContainer, error) {
+	if err := checkRouterImage(ctx, c.cli); err != nil {
+		return nil, err
 	}
+	image := RouterImage()
+	var err error
 	for range 3 {
 		var port int
 		if port, err = localpg.FreePort(); err != nil {
 			return nil, err
 		}
-		var r *Router
+		var r *RouterContainer
 		if r, err = c.runRouter(ctx, image, port, routerYAML, shardmapYAML); err == nil {
 			return r, nil
 		}
@@ -79,7 +77,7 @@ func (c *Cluster) StartRouter(ctx context.Context, routerYAML, shardmapYAML []by
 	return nil, fmt.Errorf("start router: %w", err)
 }
 
-func (c *Cluster) runRouter(ctx context.Context, image string, port int, routerYAML, shardmapYAML []byte) (*Router, error) {
+func (c *Cluster) runRouter(ctx context.Context, image string, port int, routerYAML, shardmapYAML []byte) (*RouterContainer, error) {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	apiPort := dockernet.MustParsePort("8080/tcp")
@@ -109,15 +107,15 @@ func (c *Cluster) runRouter(ctx context.Context, image string, port int, routerY
 	c.mu.Lock()
 	c.routers = append(c.routers, ctr)
 	c.mu.Unlock()
-	return &Router{cluster: c, port: port, ctr: ctr}, nil
+	return &RouterContainer{cluster: c, port: port, ctr: ctr}, nil
 }
 
 // Addr is the router's API address on the host.
-func (r *Router) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port)) }
+func (r *RouterContainer) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port)) }
 
 // Kill sends SIGKILL, as when a node dies or the OOM killer strikes: connections to clients and
 // shards are cut mid-request and nothing shuts down cleanly.
-func (r *Router) Kill(ctx context.Context) error {
+func (r *RouterContainer) Kill(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	r.mu.Lock()
@@ -126,7 +124,7 @@ func (r *Router) Kill(ctx context.Context) error {
 }
 
 // Restart starts the killed router again and waits until it is ready.
-func (r *Router) Restart(ctx context.Context) error {
+func (r *RouterContainer) Restart(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	r.mu.Lock()
@@ -138,7 +136,7 @@ func (r *Router) Restart(ctx context.Context) error {
 }
 
 // Logs returns what the router wrote to stdout and stderr, over all its runs.
-func (r *Router) Logs(ctx context.Context) (string, error) {
+func (r *RouterContainer) Logs(ctx context.Context) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	r.mu.Lock()
@@ -150,6 +148,18 @@ func (r *Router) Logs(ctx context.Context) (string, error) {
 	defer rc.Close()
 	b, err := io.ReadAll(rc)
 	return string(b), err
+}
+
+// checkRouterImage fails unless RouterImage() exists locally: testcontainers would otherwise
+// try to pull it, and retry that for minutes on a machine with no registry.
+func checkRouterImage(ctx context.Context, cli *testcontainers.DockerClient) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	image := RouterImage()
+	if _, err := cli.ImageInspect(ctx, image); err != nil {
+		return fmt.Errorf("%w: %s (%v); build it with deploy/images/build-router-image.sh, or set SHARDGATE_ROUTER_IMAGE to an image you have", ErrNoImage, image, err)
+	}
+	return nil
 }
 
 // terminateRouters removes every router container the cluster started; Close calls it before

@@ -3,8 +3,6 @@ package faults
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"math"
@@ -20,8 +18,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/shardgate/shardgate/config"
-	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardgatetest"
 	"github.com/shardgate/shardgate/shardmap"
@@ -37,16 +33,9 @@ const (
 	settle      = 1500 * time.Millisecond // calm between faults
 )
 
-// bankYAML is the router's configuration; the shard request timeout is short so a paused or
-// cut-off shard turns into 503s quickly instead of holding clients for the default.
-const bankYAML = `listen: 0.0.0.0:8080
-shardmap: shardmap.yaml
-auth:
-  mode: tokens
-  clients:
-    - name: bank
-      token_sha256: %s
-shard_pool:
+// bankPool is the router's shard pool: the request timeout is short so a paused or cut-off
+// shard turns into 503s quickly instead of holding clients for the default.
+const bankPool = `shard_pool:
   max_conns: 8
   connect_timeout: 1s
   request_timeout: 3s
@@ -102,22 +91,21 @@ func (o *op) outcome() outcome {
 // are paused, killed, cut off the network, the router restarts, and a proxy drops responses after
 // the shard committed. Afterwards the ledger must agree with what clients were told.
 func TestBankUnderFaults(t *testing.T) {
-	if os.Getenv("SHARDGATE_TEST_BACKEND") != "docker" {
+	if os.Getenv(shardgatetest.BackendEnv) != string(shardgatetest.Docker) {
 		t.Skip("set SHARDGATE_TEST_BACKEND=docker to run the fault suite against shard containers")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cluster, err := shardgatetest.StartCluster(ctx, numShards)
-	if err != nil {
-		// A fault suite that cannot start tests nothing: in CI that is a failure.
-		if os.Getenv("CI") != "" {
-			t.Fatalf("CI is set and the shard containers could not start: %v", err)
-		}
-		t.Skipf("shard containers could not start: %v", err)
-	}
-	defer cluster.Close()
-
-	rt := startBankRouter(ctx, t, cluster)
+	// The router image runs as a container on the shards' network, as users deploy it; the
+	// "restart the router" fault SIGKILLs it mid-traffic and starts it again. A fault suite that
+	// cannot start tests nothing: New fails in CI, and skips elsewhere only if no backend runs.
+	env := shardgatetest.New(t, shardgatetest.Options{
+		Backend:    shardgatetest.Docker,
+		Shards:     numShards,
+		Clients:    map[string]string{"bank": bankToken},
+		RouterYAML: bankPool,
+	})
+	cluster, rt := env.Cluster(), env.RouterContainer()
 	px := newDropProxy(t, rt.Addr(), dropRate)
 	defer px.Close()
 
@@ -151,7 +139,7 @@ func TestBankUnderFaults(t *testing.T) {
 		inject, heal func(context.Context) error
 		hold         time.Duration
 	}{
-		{"pause shard-0", cluster.Shards[0].Pause, cluster.Shards[0].Unpause, 4 * time.Second},
+		{"pause shard-0", cluster.Shards[0].Pause, cluster.Shards[0].Resume, 4 * time.Second},
 		{"kill shard-1", cluster.Shards[1].Kill, cluster.Shards[1].Restart, 2 * time.Second},
 		{"cut shard-2 off the network", cluster.Shards[2].Disconnect, cluster.Shards[2].Connect, 4 * time.Second},
 		{"kill the router (SIGKILL) and start it again", rt.Kill, rt.Restart, time.Second},
@@ -175,7 +163,7 @@ func TestBankUnderFaults(t *testing.T) {
 	stop.Store(true)
 	wg.Wait()
 
-	pools := rt.assertionPools(ctx, t)
+	pools := assertionPools(ctx, t, env)
 	counts := check(ctx, t, ops, pools)
 	t.Logf("history: %d keys, %d requests, %d responses dropped by the proxy", len(ops), counts.requests, px.dropped.Load())
 	t.Logf("acknowledged %d (1 row each), surely failed %d (0 rows), unknown %d (%d landed, %d did not), replays checked %d",
@@ -207,7 +195,7 @@ func TestBankUnderFaults(t *testing.T) {
 			final.acked, final.failed, final.unknown, counts.acked+resolved, counts.failed+refused)
 	}
 	t.Logf("after healing: %d unknown keys retried: %d applied or replayed once, %d refused; ledger sum %d", resolved+refused, resolved, refused, final.ledgerSum)
-	checkRouterLogs(ctx, t, rt, cluster)
+	checkRouterLogs(ctx, t, env)
 	fmt.Printf("bank summary: keys=%d requests=%d dropped=%d acked=%d failed=%d unknown=%d landed=%d replays=%d ledger_sum=%d healed=%d ok=%t\n",
 		len(ops), counts.requests, px.dropped.Load(), counts.acked, counts.failed, counts.unknown, counts.unknownLanded,
 		counts.replays, counts.ledgerSum, resolved+refused, !t.Failed())
@@ -363,65 +351,26 @@ func check(ctx context.Context, t *testing.T, ops []*op, pools map[string]*pgxpo
 	return c
 }
 
-// bankRouter is the router image running as a container on the shards' network, as users
-// deploy it; the "restart the router" fault SIGKILLs it mid-traffic and starts it again.
-type bankRouter struct {
-	*shardgatetest.Router
-	cfg *config.Config // as the router reads it, for the partition interval
-	m   *shardmap.Map  // the router's map with the shards' host DSNs, for migrations and checks
-}
-
-// startBankRouter does what `router migrate` does on every shard, from the host, then starts
-// the router container with the same map naming the shards by their network aliases.
-func startBankRouter(ctx context.Context, t *testing.T, c *shardgatetest.Cluster) *bankRouter {
-	t.Helper()
-	ranges := []string{"-55", "55-aa", "aa-"}
-	shardMap := func(dsn func(*shardgatetest.Shard) string) []byte {
-		var b bytes.Buffer
-		b.WriteString("version: 1\nshards:\n")
-		for i, s := range c.Shards {
-			fmt.Fprintf(&b, "  - name: %s\n    dsn: %s\n    ranges: [%q]\n", s.Alias, dsn(s), ranges[i])
-		}
-		return b.Bytes()
-	}
-	routerYAML := fmt.Appendf(nil, bankYAML, sha256Hex(bankToken))
-	rt := &bankRouter{}
-	var err error
-	if rt.cfg, err = config.Parse(shardgatetest.RouterConfigDir+"/router.yaml", routerYAML); err != nil {
-		t.Fatal(err)
-	}
-	if rt.m, err = shardmap.Parse("shardmap.yaml", shardMap((*shardgatetest.Shard).DSN), nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := service.Migrate(ctx, rt.cfg, rt.m, io.Discard); err != nil {
-		t.Fatal(err)
-	}
-	if rt.Router, err = c.StartRouter(ctx, routerYAML, shardMap((*shardgatetest.Shard).NetworkDSN)); err != nil {
-		t.Fatal(err)
-	}
-	return rt
-}
-
-// assertionPools opens a pool per shard for the checker (and migrations), closed with the test.
-func (rt *bankRouter) assertionPools(ctx context.Context, t *testing.T) map[string]*pgxpool.Pool {
+// assertionPools opens a pool per shard for the checker, closed with the test.
+func assertionPools(ctx context.Context, t *testing.T, env *shardgatetest.Env) map[string]*pgxpool.Pool {
 	t.Helper()
 	pools := map[string]*pgxpool.Pool{}
-	for _, s := range rt.m.Shards {
-		p, err := pgxpool.New(ctx, s.DSN)
+	for _, s := range env.Shards {
+		p, err := pgxpool.New(ctx, s.DSN())
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(p.Close)
-		pools[s.Name] = p
+		pools[s.Name()] = p
 	}
 	return pools
 }
 
 // checkRouterLogs fails the test if the router's log holds a shard password or the client
-// token, and shows the log's end when the test failed.
-func checkRouterLogs(ctx context.Context, t *testing.T, rt *bankRouter, c *shardgatetest.Cluster) {
+// token; New shows the log's end when the test failed.
+func checkRouterLogs(ctx context.Context, t *testing.T, env *shardgatetest.Env) {
 	t.Helper()
-	logs, err := rt.Logs(ctx)
+	logs, err := env.RouterLogs(ctx)
 	if err != nil {
 		t.Errorf("%v", err)
 		return
@@ -432,17 +381,13 @@ func checkRouterLogs(ctx context.Context, t *testing.T, rt *bankRouter, c *shard
 		t.Errorf("the router's log shows %d starts and stopped=%t; want 2 starts and no clean stop", n, strings.Contains(logs, `msg=stopped`))
 	}
 	secrets := []string{bankToken}
-	for _, s := range c.Shards {
+	for _, s := range env.Shards {
 		secrets = append(secrets, s.Password())
 	}
 	for _, sec := range secrets {
 		if strings.Contains(logs, sec) {
 			t.Errorf("the router's log contains a secret")
 		}
-	}
-	if t.Failed() {
-		lines := strings.Split(strings.TrimSpace(logs), "\n")
-		t.Logf("router log, last lines:\n%s", strings.Join(lines[max(0, len(lines)-30):], "\n"))
 	}
 }
 
@@ -511,10 +456,4 @@ func (p *dropProxy) relay(client *net.TCPConn, drop bool) {
 		p.dropped.Add(1)
 	}
 	client.SetLinger(0) // close with RST: the client gets "connection reset", not a clean EOF
-}
-
-// sha256Hex is how router.yaml stores a token: its SHA-256 in hex.
-func sha256Hex(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(sum[:])
 }

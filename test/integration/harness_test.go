@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,61 +22,35 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/shardgate/shardgate/api"
 	"github.com/shardgate/shardgate/config"
-	"github.com/shardgate/shardgate/internal/localpg"
 	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/router"
+	"github.com/shardgate/shardgate/shardgatetest"
 	"github.com/shardgate/shardgate/shardmap"
 )
 
 // numShards is how many PostgreSQL shards the suite runs against.
 const numShards = 2
 
-// shardServer is one PostgreSQL shard the suite can stop and restart. Local processes
-// (localpg.Server) are one implementation; containers are another.
-type shardServer interface {
-	DSN() string
-	Stop(ctx context.Context) error
-	Restart(ctx context.Context) error
-	Close() error
-}
-
-var _ shardServer = (*localpg.Server)(nil)
-
-// shardPassword protects the suite's shards, so that TestMain can prove it never reaches a log.
-const shardPassword = "pw-9f1c2d64-Secr3t"
-
-// startShards starts the suite's shards. It is localShards unless another backend is chosen
-// (see SHARDGATE_TEST_BACKEND in README).
-var startShards = localShards
-
-func localShards(ctx context.Context, n int, dir string) ([]shardServer, error) {
-	if _, err := localpg.BinDir(); err != nil {
-		return nil, err
-	}
-	servers, err := localpg.StartCluster(ctx, n, localpg.Options{Dir: dir, Password: shardPassword})
-	if err != nil {
-		return nil, err
-	}
-	out := make([]shardServer, len(servers))
-	for i, s := range servers {
-		out[i] = s
-	}
-	return out, nil
-}
+// shardPassword is shard-0's password, so that tests can prove it never reaches an answer (and
+// TestMain that no shard's password reaches a log).
+var shardPassword string
 
 // env is the suite's shared fixture, built once in TestMain.
 var env struct {
 	dir     string
-	servers []shardServer
+	shards  *shardgatetest.ShardSet
+	servers []shardgatetest.Shard // shards.Shards
 	mapPath string
 	m       *shardmap.Map
 	pools   map[string]*pgxpool.Pool // direct connections for assertions
 	cfg     *config.Config
 	srv     *router.Server
 	url     string
-	log     *slog.Logger // every router's log, kept in logs
-	logs    lockedBuffer // checked for secrets after the run
+	log     *slog.Logger   // every router's log, kept in logs
+	logs    lockedBuffer   // checked for secrets after the run
+	api     *api.Validator // doAt checks every answer against api/openapi.yaml
 }
 
 func TestMain(m *testing.M) {
@@ -99,20 +72,24 @@ func setup(m *testing.M) (int, error) {
 	}
 	defer os.RemoveAll(dir)
 	env.dir = dir
-	env.servers, err = startShards(ctx, numShards, filepath.Join(dir, "pg"))
-	if err != nil {
-		// A test that cannot reach a server tests nothing: in CI that is a failure, not a skip.
-		if os.Getenv("CI") != "" {
-			return 0, fmt.Errorf("CI is set and the shards could not start: %w", err)
-		}
-		fmt.Fprintf(os.Stderr, "SKIP integration tests: shards could not start: %v\n", err)
-		return 0, nil
+	if env.api, err = api.NewResponseValidator(); err != nil {
+		return 0, err
 	}
-	defer func() {
-		for _, s := range env.servers {
-			s.Close()
+	// The backend (local processes or containers) comes from SHARDGATE_TEST_BACKEND; see
+	// shardgatetest.ChooseBackend.
+	env.shards, err = shardgatetest.StartShards(ctx, "", numShards)
+	if err != nil {
+		// A test that cannot reach a server tests nothing: only where no backend can run and CI
+		// is unset is that a skip.
+		if shardgatetest.CanSkip(err) {
+			fmt.Fprintf(os.Stderr, "SKIP integration tests: %v\n", err)
+			return 0, nil
 		}
-	}()
+		return 0, fmt.Errorf("starting the shards: %w", err)
+	}
+	defer env.shards.Close()
+	env.servers = env.shards.Shards
+	shardPassword = env.servers[0].Password()
 
 	env.mapPath = filepath.Join(dir, "shardmap.yaml")
 	if err := writeMap(env.mapPath, 1, []string{"-80", "80-"}); err != nil {
@@ -161,11 +138,7 @@ func setup(m *testing.M) (int, error) {
 func secretsIn(logs string) []string {
 	secrets := []string{"token-a", "token-b", "admin-token"}
 	for _, s := range env.servers {
-		if u, err := url.Parse(s.DSN()); err == nil {
-			if pw, ok := u.User.Password(); ok {
-				secrets = append(secrets, pw)
-			}
-		}
+		secrets = append(secrets, s.Password())
 	}
 	var leaked []string
 	for _, s := range secrets {
@@ -317,6 +290,10 @@ func doAt(t testing.TB, base, method, path string, headers map[string]string, bo
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Every answer the suite sees must be one api/openapi.yaml describes.
+	if err := env.api.ValidateResponse(req, resp.StatusCode, resp.Header, b); err != nil {
+		t.Errorf("the answer departs from the API document: %v\nbody: %s", err, b)
 	}
 	return reply{status: resp.StatusCode, header: resp.Header, body: b}
 }
