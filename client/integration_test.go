@@ -1,149 +1,50 @@
-//go:build shardgate_integration
-
-// The client against the real router on two real PostgreSQL shards (local processes), with every
-// response checked against api/openapi.yaml. Run with
-//
-//	go test -race -tags shardgate_integration -run Integration ./client/
-//
-// It needs PostgreSQL server binaries (see localpg.BinDir); without them it skips, unless CI is
-// set.
+// The client against the real router on two real PostgreSQL shards, started by shardgatetest
+// (local processes where PostgreSQL is installed, containers with SHARDGATE_TEST_BACKEND=docker),
+// with every response checked against api/openapi.yaml. Where neither backend can run these
+// tests skip, unless CI is set.
 package client_test
 
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardgate/shardgate/api"
 	"github.com/shardgate/shardgate/client"
-	"github.com/shardgate/shardgate/config"
-	"github.com/shardgate/shardgate/idem"
-	"github.com/shardgate/shardgate/localpg"
-	"github.com/shardgate/shardgate/router"
-	"github.com/shardgate/shardgate/shardmap"
+	"github.com/shardgate/shardgate/shardgatetest"
 )
 
-const token = "client-it-token"
+// shared is the router and shards every integration test uses; a stopped shard makes the
+// router's 503 prompt (request_timeout) and its Retry-After short.
+var shared = shardgatetest.NewShared(shardgatetest.Options{
+	RouterYAML: "shard_pool:\n  connect_timeout: 1s\n  request_timeout: 2s\n  retry_after: 1s\n",
+})
 
-var env struct {
-	url     string
-	servers []*localpg.Server
-	m       *shardmap.Map
-	pools   map[string]*pgxpool.Pool
-}
+// pools are direct connections to the shards, for assertions, by shard name.
+var pools = struct {
+	sync.Mutex
+	m map[string]*pgxpool.Pool
+}{m: map[string]*pgxpool.Pool{}}
 
 func TestMain(m *testing.M) {
-	code, err := setup(m)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "client integration setup:", err)
-		code = 1
+	code := m.Run()
+	for _, p := range pools.m {
+		p.Close()
+	}
+	if err := shared.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, "closing the shards and router:", err)
+		code = max(code, 1)
 	}
 	os.Exit(code)
-}
-
-func setup(m *testing.M) (int, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	dir, err := os.MkdirTemp("", "shardgate-client-it-")
-	if err != nil {
-		return 0, err
-	}
-	defer os.RemoveAll(dir)
-	if env.servers, err = localpg.StartCluster(ctx, 2, localpg.Options{Dir: filepath.Join(dir, "pg")}); err != nil {
-		if os.Getenv("CI") != "" {
-			return 0, fmt.Errorf("CI is set and the shards could not start: %w", err)
-		}
-		fmt.Fprintln(os.Stderr, "SKIP client integration tests: shards could not start:", err)
-		return 0, nil
-	}
-	defer func() {
-		for _, s := range env.servers {
-			s.Close()
-		}
-	}()
-	cfg, err := writeConfig(dir)
-	if err != nil {
-		return 0, err
-	}
-	if env.m, err = shardmap.Load(cfg.ShardmapPath); err != nil {
-		return 0, err
-	}
-	if err := prepareShards(ctx); err != nil {
-		return 0, err
-	}
-	defer func() {
-		for _, p := range env.pools {
-			p.Close()
-		}
-	}()
-	topo, err := router.OpenTopology(env.m, nil, cfg.ShardPool)
-	if err != nil {
-		return 0, err
-	}
-	srv := router.New(cfg, topo, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	hs := httptest.NewServer(srv)
-	defer func() { hs.Close(); srv.Topology().Close() }()
-	env.url = hs.URL
-	return m.Run(), nil
-}
-
-// writeConfig writes router.yaml and a map giving shard-0 "-80" and shard-1 "80-".
-func writeConfig(dir string) (*config.Config, error) {
-	shardmapYAML := fmt.Sprintf("version: 1\nshards:\n  - name: shard-0\n    dsn: %s\n    ranges: [\"-80\"]\n  - name: shard-1\n    dsn: %s\n    ranges: [\"80-\"]\n",
-		env.servers[0].DSN(), env.servers[1].DSN())
-	routerYAML := fmt.Sprintf(`listen: 127.0.0.1:0
-shardmap: shardmap.yaml
-auth:
-  mode: tokens
-  clients:
-    - name: client-it
-      token_sha256: %x
-shard_pool:
-  connect_timeout: 1s
-  request_timeout: 2s
-  retry_after: 1s
-`, sha256.Sum256([]byte(token)))
-	if err := os.WriteFile(filepath.Join(dir, "shardmap.yaml"), []byte(shardmapYAML), 0o600); err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "router.yaml"), []byte(routerYAML), 0o600); err != nil {
-		return nil, err
-	}
-	return config.Load(filepath.Join(dir, "router.yaml"))
-}
-
-// prepareShards migrates every shard, creates its partitions and gives it its ranges.
-func prepareShards(ctx context.Context) error {
-	env.pools = map[string]*pgxpool.Pool{}
-	for _, s := range env.m.Shards {
-		p, err := pgxpool.New(ctx, s.DSN)
-		if err != nil {
-			return err
-		}
-		env.pools[s.Name] = p
-		if _, err := idem.Migrate(ctx, p); err != nil {
-			return err
-		}
-		if _, err := idem.EnsurePartitions(ctx, p, idem.Daily, time.Now(), 2); err != nil {
-			return err
-		}
-	}
-	_, err := idem.ApplyMap(ctx, env.m, func(s string) *pgxpool.Pool { return env.pools[s] }, idem.Daily)
-	return err
 }
 
 // conformance is a transport that checks every response against api/openapi.yaml.
@@ -172,16 +73,17 @@ func (c *conformance) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// newClient returns a client of the test router whose every response must conform to the
-// document by the end of the test.
-func newClient(t *testing.T, policy client.RetryPolicy) (*client.Client, *conformance) {
+// newClient returns a client of the shared router whose every response must conform to the
+// document by the end of the test, and the router's Env.
+func newClient(t *testing.T, policy client.RetryPolicy) (*client.Client, *conformance, *shardgatetest.Env) {
 	t.Helper()
+	env := shared.Env(t)
 	v, err := api.NewResponseValidator()
 	if err != nil {
 		t.Fatal(err)
 	}
 	conf := &conformance{v: v}
-	c, err := client.New(env.url, client.WithToken(token), client.WithRetryPolicy(policy), client.WithHTTPClient(&http.Client{Transport: conf}))
+	c, err := client.New(env.URL, client.WithToken(env.Token), client.WithRetryPolicy(policy), client.WithHTTPClient(&http.Client{Transport: conf}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,23 +92,35 @@ func newClient(t *testing.T, policy client.RetryPolicy) (*client.Client, *confor
 			t.Errorf("response does not conform: %v", err)
 		}
 	})
-	return c, conf
+	return c, conf, env
 }
 
 // accountOn returns an account that shard owns.
-func accountOn(shard string) int64 {
+func accountOn(env *shardgatetest.Env, shard string) int64 {
 	for a := int64(1); ; a++ {
-		if env.m.Route(a).Shard == shard {
+		if env.ShardOf(a).Name() == shard {
 			return a
 		}
 	}
 }
 
-// debits counts the transfer_out rows of transfer id.
-func debits(t *testing.T, src int64, id string) int {
+// debits counts the transfer_out rows of transfer id on the shard that owns src.
+func debits(t *testing.T, env *shardgatetest.Env, src int64, id string) int {
 	t.Helper()
+	shard := env.ShardOf(src)
+	pools.Lock()
+	p := pools.m[shard.Name()]
+	if p == nil {
+		var err error
+		if p, err = pgxpool.New(context.Background(), shard.DSN()); err != nil {
+			pools.Unlock()
+			t.Fatal(err)
+		}
+		pools.m[shard.Name()] = p
+	}
+	pools.Unlock()
 	var n int
-	if err := env.pools[env.m.Route(src).Shard].QueryRow(context.Background(),
+	if err := p.QueryRow(context.Background(),
 		"SELECT count(*) FROM ledger_entries WHERE transfer_id = $1 AND kind = 'transfer_out'", id).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +128,7 @@ func debits(t *testing.T, src int64, id string) int {
 }
 
 func TestIntegrationSendReplayAndRead(t *testing.T) {
-	c, _ := newClient(t, client.DefaultRetryPolicy())
+	c, _, env := newClient(t, client.DefaultRetryPolicy())
 	ctx := context.Background()
 	op := client.NewTransfer(8842, 1190, 2500, "EUR")
 	op.Reference = "integration"
@@ -236,7 +150,7 @@ func TestIntegrationSendReplayAndRead(t *testing.T) {
 	if rec.Src != 8842 || rec.Dst != 1190 || rec.Amount != 2500 || rec.Reference != "integration" || rec.CreatedAt.IsZero() {
 		t.Errorf("GET: %+v", rec)
 	}
-	if n := debits(t, op.Src, first.Transfer.ID); n != 1 {
+	if n := debits(t, env, op.Src, first.Transfer.ID); n != 1 {
 		t.Errorf("%d debits", n)
 	}
 	_, err = c.GetTransfer(ctx, "00000000000000000000000000000000000000000000beef")
@@ -247,7 +161,7 @@ func TestIntegrationSendReplayAndRead(t *testing.T) {
 }
 
 func TestIntegrationKeyReusedAndExpired(t *testing.T) {
-	c, _ := newClient(t, client.DefaultRetryPolicy())
+	c, _, _ := newClient(t, client.DefaultRetryPolicy())
 	ctx := context.Background()
 	op := client.NewTransfer(11, 12, 100, "EUR")
 	if _, err := c.Send(ctx, op); err != nil {
@@ -271,7 +185,7 @@ func TestIntegrationKeyReusedAndExpired(t *testing.T) {
 func TestIntegrationConcurrentSends(t *testing.T) {
 	p := client.DefaultRetryPolicy()
 	p.BudgetBurst = 100 // this test is about the server, not the budget
-	c, _ := newClient(t, p)
+	c, _, env := newClient(t, p)
 	op := client.NewTransfer(8842, 1190, 2500, "EUR")
 	receipts := make(chan *client.Receipt, 20)
 	var wg sync.WaitGroup
@@ -292,7 +206,7 @@ func TestIntegrationConcurrentSends(t *testing.T) {
 		if !rc.Replayed {
 			applied++
 		}
-		if n := debits(t, op.Src, rc.Transfer.ID); n != 1 {
+		if n := debits(t, env, op.Src, rc.Transfer.ID); n != 1 {
 			t.Fatalf("%d debits for %s", n, rc.Transfer.ID)
 		}
 	}
@@ -304,26 +218,27 @@ func TestIntegrationConcurrentSends(t *testing.T) {
 // TestIntegrationShardOutage stops the owning shard: the send ends with an unknown outcome and
 // the key kept; after the shard is back, the same operation applies exactly once.
 func TestIntegrationShardOutage(t *testing.T) {
-	c, _ := newClient(t, client.DefaultRetryPolicy())
-	src := accountOn("shard-0")
+	c, _, env := newClient(t, client.DefaultRetryPolicy())
+	shard := env.Shards[0]
+	src := accountOn(env, shard.Name())
 	op := client.NewTransfer(src, src+1, 700, "EUR")
 	ctx := context.Background()
-	if err := env.servers[0].Stop(ctx); err != nil {
+	if err := shard.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
 	restarted := false
 	defer func() {
 		if !restarted {
-			env.servers[0].Restart(ctx) //nolint:errcheck // the next tests would fail and say so
+			shard.Restart(ctx) //nolint:errcheck // the next tests would fail and say so
 		}
 	}()
-	if r, err := c.Readyz(ctx, false); err != nil || r.Ready || r.Shards["shard-0"] != "unreachable" {
-		t.Errorf("readyz with shard-0 down: %+v, %v", r, err)
+	if r, err := c.Readyz(ctx, false); err != nil || r.Ready || r.Shards[shard.Name()] != "unreachable" {
+		t.Errorf("readyz with %s down: %+v, %v", shard.Name(), r, err)
 	}
 	if r, err := c.Readyz(ctx, true); err != nil || !r.Ready {
-		t.Errorf("readyz?partial=1 with shard-0 down: %+v, %v", r, err)
+		t.Errorf("readyz?partial=1 with %s down: %+v, %v", shard.Name(), r, err)
 	}
-	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	_, err := c.Send(sctx, op)
 	cancel()
 	var unknown *client.UnknownOutcomeError
@@ -331,7 +246,7 @@ func TestIntegrationShardOutage(t *testing.T) {
 	if !errors.As(err, &unknown) || unknown.Key != op.Key || !errors.As(err, &prob) || prob.Status != http.StatusServiceUnavailable {
 		t.Fatalf("send with the shard down: %v", err)
 	}
-	if err := env.servers[0].Restart(ctx); err != nil {
+	if err := shard.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
 	restarted = true
@@ -339,13 +254,13 @@ func TestIntegrationShardOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := debits(t, src, rc.Transfer.ID); n != 1 {
+	if n := debits(t, env, src, rc.Transfer.ID); n != 1 {
 		t.Errorf("%d debits after the outage", n)
 	}
 }
 
 func TestIntegrationProbes(t *testing.T) {
-	c, _ := newClient(t, client.DefaultRetryPolicy())
+	c, _, _ := newClient(t, client.DefaultRetryPolicy())
 	if err := c.Healthz(context.Background()); err != nil {
 		t.Error(err)
 	}
@@ -354,32 +269,10 @@ func TestIntegrationProbes(t *testing.T) {
 	}
 }
 
-func TestIntegrationBalance(t *testing.T) {
-	c, conf := newClient(t, client.DefaultRetryPolicy())
-	src := accountOn("shard-1")
-	if _, err := c.Send(context.Background(), client.NewTransfer(src, src+1, 300, "EUR")); err != nil {
-		t.Fatal(err)
-	}
-	b, err := c.Balance(context.Background(), src)
-	var prob *client.Problem
-	if errors.As(err, &prob) && prob.Status == http.StatusNotFound && prob.Type == "about:blank" {
-		conf.mu.Lock()
-		conf.errs = nil // the router's plain 404 for a path it does not serve
-		conf.mu.Unlock()
-		t.Skip("the router does not serve GET /accounts/{id}/balance yet")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b.Account != src || len(b.Balances) == 0 || b.Balances[0].Currency != "EUR" {
-		t.Errorf("balance %+v", b)
-	}
-}
-
 // TestIntegrationDocumentMatchesRouter sends the router requests the client never sends —
 // refusals, admin endpoints — and checks every answer against api/openapi.yaml.
 func TestIntegrationDocumentMatchesRouter(t *testing.T) {
-	_, conf := newClient(t, client.DefaultRetryPolicy())
+	_, conf, env := newClient(t, client.DefaultRetryPolicy())
 	hc := &http.Client{Transport: conf}
 	key := func() string { return client.NewKey() }
 	for _, r := range []struct {
@@ -391,6 +284,7 @@ func TestIntegrationDocumentMatchesRouter(t *testing.T) {
 		{"POST", "/transfers", "", "application/json", `{"src":1,"dst":2,"amount":5}`, true, 400},
 		{"POST", "/transfers", "has space", "application/json", `{"src":1,"dst":2,"amount":5}`, true, 400},
 		{"POST", "/transfers", key(), "text/plain", `{"src":1,"dst":2,"amount":5}`, true, 415},
+		{"POST", "/transfers", key(), "application/json; charset=latin1", `{"src":1,"dst":2,"amount":5}`, true, 415},
 		{"POST", "/transfers", key(), "application/json", `{"src":1,"dst":1,"amount":5}`, true, 400},
 		{"POST", "/transfers", key(), "application/json", `{"src":1,"dst":2,"amount":5,"pad":"` + string(bytes.Repeat([]byte("x"), 20000)) + `"}`, true, 413},
 		{"GET", "/transfers/not-an-id", "", "", "", true, 400},
@@ -401,7 +295,7 @@ func TestIntegrationDocumentMatchesRouter(t *testing.T) {
 		{"GET", "/admin/route?account=8842", "", "", "", false, 200},
 		{"GET", "/admin/route?account=x", "", "", "", false, 400},
 	} {
-		req, err := http.NewRequest(r.method, env.url+r.path, bytes.NewReader([]byte(r.body)))
+		req, err := http.NewRequest(r.method, env.URL+r.path, bytes.NewReader([]byte(r.body)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -412,7 +306,7 @@ func TestIntegrationDocumentMatchesRouter(t *testing.T) {
 			req.Header.Set("Content-Type", r.contentType)
 		}
 		if r.auth {
-			req.Header.Set("Authorization", "Bearer "+token)
+			req.Header.Set("Authorization", "Bearer "+env.Token)
 		}
 		resp, err := hc.Do(req)
 		if err != nil {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"strconv"
 )
 
 // GetTransfer returns the transfer with the given id (the last segment of a receipt's
@@ -22,31 +21,6 @@ func (c *Client) GetTransfer(ctx context.Context, id string) (*TransferRecord, e
 		return nil, err
 	}
 	return &rec, nil
-}
-
-// Balance is GET /accounts/{id}/balance as api/openapi.yaml describes it: the account's
-// balance per currency, computed on the shard that owns the account.
-type Balance struct {
-	Account  int64             `json:"account"`
-	Balances []CurrencyBalance `json:"balances"`
-}
-
-// CurrencyBalance is an account's balance in one currency, in minor units.
-type CurrencyBalance struct {
-	Currency string `json:"currency"`
-	// Balance is the settled credits minus the debits.
-	Balance int64 `json:"balance"`
-	// Pending is the sum of incoming transfers whose credit has not landed yet.
-	Pending int64 `json:"pending"`
-}
-
-// Balance returns the balances of account.
-func (c *Client) Balance(ctx context.Context, account int64) (*Balance, error) {
-	var b Balance
-	if err := c.getJSON(ctx, "/accounts/"+strconv.FormatInt(account, 10)+"/balance", &b); err != nil {
-		return nil, err
-	}
-	return &b, nil
 }
 
 // getJSON reads path, retrying, and decodes its 200 answer into v.

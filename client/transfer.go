@@ -47,8 +47,9 @@ func (t Transfer) body() []byte {
 	return b
 }
 
-// TransferRecord is a transfer as the API describes it. Fields the server adds later are
-// kept in Extra rather than refused.
+// TransferRecord is a transfer as the API describes it. Fields the server adds later (the
+// state of the transfer's credit leg, say, which the server does not report yet) are kept in
+// Extra rather than refused.
 type TransferRecord struct {
 	ID        string `json:"id"`
 	Src       int64  `json:"src"`
@@ -58,10 +59,6 @@ type TransferRecord struct {
 	Reference string `json:"reference,omitempty"`
 	// CreatedAt is set by GET /transfers/{id}; the answer to POST /transfers does not carry it.
 	CreatedAt time.Time `json:"created_at,omitzero"`
-	// Status is the credit leg's state, "pending" or "settled", once the server reports it.
-	Status string `json:"status,omitempty"`
-	// SettledAt is when the credit leg landed, once the server reports it.
-	SettledAt time.Time `json:"settled_at,omitzero"`
 	// Extra holds the fields of the answer this version of the package does not know.
 	Extra map[string]json.RawMessage `json:"-"`
 }
@@ -76,7 +73,7 @@ func (r *TransferRecord) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &all); err != nil {
 		return err
 	}
-	for _, known := range []string{"id", "src", "dst", "amount", "currency", "reference", "created_at", "status", "settled_at"} {
+	for _, known := range []string{"id", "src", "dst", "amount", "currency", "reference", "created_at"} {
 		delete(all, known)
 	}
 	r.Extra = nil
