@@ -54,7 +54,7 @@ func Image() string {
 }
 
 // ErrNoImage is returned (wrapped) when the PostgreSQL or the router image is not present locally.
-var ErrNoImage = errors.New("PostgreSQL image not found locally")
+var ErrNoImage = errors.New("image not found locally")
 
 var reaperOnce sync.Once
 

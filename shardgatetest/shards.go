@@ -39,7 +39,9 @@ func shardName(i int) string { return fmt.Sprintf("shard-%d", i) }
 // ShardSet is a set of empty PostgreSQL shards on one backend — not migrated, owning nothing —
 // for a suite that runs routers of its own. [Start] builds an [Env] on one.
 type ShardSet struct {
+	// Backend is where the shards run.
 	Backend Backend
+	// Shards are shard-0, shard-1, ... in order.
 	Shards  []Shard
 	cluster *Cluster // the Docker backend's containers
 	closers []func() error

@@ -96,73 +96,25 @@ func TestBankUnderFaults(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	// The router image runs as a container on the shards' network, as users deploy it; the
-	// "restart the router" fault SIGKILLs it mid-traffic and starts it again. A fault suite that
-	// cannot start tests nothing: New fails in CI, and skips elsewhere only if no backend runs.
+	// Shards and the router image as containers on one network. A fault suite that cannot start
+	// tests nothing: New fails in CI, and skips elsewhere only if no backend can run.
 	env := shardgatetest.New(t, shardgatetest.Options{
 		Backend:    shardgatetest.Docker,
 		Shards:     numShards,
 		Clients:    map[string]string{"bank": bankToken},
 		RouterYAML: bankPool,
 	})
-	cluster, rt := env.Cluster(), env.RouterContainer()
+	rt := env.RouterContainer()
 	px := newDropProxy(t, rt.Addr(), dropRate)
 	defer px.Close()
+	httpc := &http.Client{
+		Timeout: clientWait,
+		// A fresh connection per request, so the proxy's drop decision is per request.
+		Transport: &http.Transport{DisableKeepAlives: true},
+	}
 
 	// Clients run until the fault schedule is over.
-	var (
-		mu    sync.Mutex
-		ops   []*op
-		stop  atomic.Bool
-		wg    sync.WaitGroup
-		httpc = &http.Client{
-			Timeout: clientWait,
-			// A fresh connection per request, so the proxy's drop decision is per request.
-			Transport: &http.Transport{DisableKeepAlives: true},
-		}
-	)
-	for c := range numClients {
-		wg.Go(func() {
-			rng := mrand.New(mrand.NewPCG(uint64(c), uint64(time.Now().UnixNano())))
-			for n := 0; !stop.Load(); n++ {
-				o := newOp(rng, c, n)
-				runOp(ctx, httpc, px.URL(), o, rng)
-				mu.Lock()
-				ops = append(ops, o)
-				mu.Unlock()
-			}
-		})
-	}
-
-	faults := []struct {
-		name         string
-		inject, heal func(context.Context) error
-		hold         time.Duration
-	}{
-		{"pause shard-0", cluster.Shards[0].Pause, cluster.Shards[0].Resume, 4 * time.Second},
-		{"kill shard-1", cluster.Shards[1].Kill, cluster.Shards[1].Restart, 2 * time.Second},
-		{"cut shard-2 off the network", cluster.Shards[2].Disconnect, cluster.Shards[2].Connect, 4 * time.Second},
-		{"kill the router (SIGKILL) and start it again", rt.Kill, rt.Restart, time.Second},
-	}
-	time.Sleep(settle)
-	for _, f := range faults {
-		t.Logf("fault: %s", f.name)
-		if err := f.inject(ctx); err != nil {
-			stop.Store(true)
-			wg.Wait()
-			t.Fatalf("%s: %v", f.name, err)
-		}
-		time.Sleep(f.hold)
-		if err := f.heal(ctx); err != nil {
-			stop.Store(true)
-			wg.Wait()
-			t.Fatalf("healing %s: %v", f.name, err)
-		}
-		time.Sleep(settle)
-	}
-	stop.Store(true)
-	wg.Wait()
-
+	ops := runClients(ctx, httpc, px.URL(), func() { injectFaults(ctx, t, env) })
 	pools := assertionPools(ctx, t, env)
 	counts := check(ctx, t, ops, pools)
 	t.Logf("history: %d keys, %d requests, %d responses dropped by the proxy", len(ops), counts.requests, px.dropped.Load())
@@ -170,25 +122,8 @@ func TestBankUnderFaults(t *testing.T) {
 		counts.acked, counts.failed, counts.unknown, counts.unknownLanded, counts.unknown-counts.unknownLanded, counts.replays)
 	t.Logf("ledger sum %d = acknowledged %d + unknown that landed %d", counts.ledgerSum, counts.ackedSum, counts.unknownSum)
 
-	// Healed: every unknown outcome, retried with its key, now gets a definite answer: a valid
-	// transfer applies or replays exactly once, an invalid one is refused.
 	px.setDropRate(0)
-	resolved, refused := 0, 0
-	for _, o := range ops {
-		if o.outcome() != unknown {
-			continue
-		}
-		o.attempts = nil
-		runOp(ctx, httpc, px.URL(), o, mrand.New(mrand.NewPCG(1, 2)))
-		switch got := o.outcome(); {
-		case got == acked && !o.invalid:
-			resolved++
-		case got == surelyFailed && o.invalid:
-			refused++
-		default:
-			t.Errorf("key %s: no definite answer after healing: %+v", o.key, o.attempts)
-		}
-	}
+	resolved, refused := resolveUnknown(ctx, t, httpc, px.URL(), ops)
 	final := check(ctx, t, ops, pools)
 	if final.unknown != 0 || final.acked != counts.acked+resolved || final.failed != counts.failed+refused {
 		t.Errorf("after healing: %d acknowledged, %d failed, %d unknown; want %d, %d and 0",
@@ -199,6 +134,90 @@ func TestBankUnderFaults(t *testing.T) {
 	fmt.Printf("bank summary: keys=%d requests=%d dropped=%d acked=%d failed=%d unknown=%d landed=%d replays=%d ledger_sum=%d healed=%d ok=%t\n",
 		len(ops), counts.requests, px.dropped.Load(), counts.acked, counts.failed, counts.unknown, counts.unknownLanded,
 		counts.replays, counts.ledgerSum, resolved+refused, !t.Failed())
+}
+
+// runClients runs numClients clients sending transfers with retries through url while during
+// runs, and returns every client's history once during has returned and the clients stopped.
+func runClients(ctx context.Context, httpc *http.Client, url string, during func()) []*op {
+	var (
+		mu   sync.Mutex
+		ops  []*op
+		stop atomic.Bool
+		wg   sync.WaitGroup
+	)
+	for c := range numClients {
+		wg.Go(func() {
+			rng := mrand.New(mrand.NewPCG(uint64(c), uint64(time.Now().UnixNano())))
+			for n := 0; !stop.Load(); n++ {
+				o := newOp(rng, c, n)
+				runOp(ctx, httpc, url, o, rng)
+				mu.Lock()
+				ops = append(ops, o)
+				mu.Unlock()
+			}
+		})
+	}
+	func() {
+		defer func() { // also when during ends the test with t.Fatal
+			stop.Store(true)
+			wg.Wait()
+		}()
+		during()
+	}()
+	return ops
+}
+
+// injectFaults runs the fault schedule: each fault is injected, held, and healed, with calm
+// between them. The router image runs as a container on the shards' network, as users deploy
+// it; its fault SIGKILLs it mid-traffic and starts it again.
+func injectFaults(ctx context.Context, t *testing.T, env *shardgatetest.Env) {
+	t.Helper()
+	shards, rt := env.Cluster().Shards, env.RouterContainer()
+	faults := []struct {
+		name         string
+		inject, heal func(context.Context) error
+		hold         time.Duration
+	}{
+		{"pause shard-0", shards[0].Pause, shards[0].Resume, 4 * time.Second},
+		{"kill shard-1", shards[1].Kill, shards[1].Restart, 2 * time.Second},
+		{"cut shard-2 off the network", shards[2].Disconnect, shards[2].Connect, 4 * time.Second},
+		{"kill the router (SIGKILL) and start it again", rt.Kill, rt.Restart, time.Second},
+	}
+	time.Sleep(settle)
+	for _, f := range faults {
+		t.Logf("fault: %s", f.name)
+		if err := f.inject(ctx); err != nil {
+			t.Fatalf("%s: %v", f.name, err)
+		}
+		time.Sleep(f.hold)
+		if err := f.heal(ctx); err != nil {
+			t.Fatalf("healing %s: %v", f.name, err)
+		}
+		time.Sleep(settle)
+	}
+}
+
+// resolveUnknown retries, once everything is healed, every key whose outcome is unknown: each
+// must now get a definite answer — a valid transfer applies or replays exactly once, an invalid
+// one is refused. It returns how many applied and how many were refused.
+func resolveUnknown(ctx context.Context, t *testing.T, httpc *http.Client, url string, ops []*op) (resolved, refused int) {
+	t.Helper()
+	for _, o := range ops {
+		if o.outcome() != unknown {
+			continue
+		}
+		o.attempts = nil
+		runOp(ctx, httpc, url, o, mrand.New(mrand.NewPCG(1, 2)))
+		switch got := o.outcome(); {
+		case got == acked && !o.invalid:
+			resolved++
+		case got == surelyFailed && o.invalid:
+			refused++
+		default:
+			t.Errorf("key %s: no definite answer after healing: %+v", o.key, o.attempts)
+		}
+	}
+	return resolved, refused
 }
 
 // newOp makes client c's n-th operation: mostly valid transfers between a few hot accounts (so
@@ -259,83 +278,27 @@ type counts struct {
 	ledgerSum, ackedSum, unknownSum                          int64
 }
 
+// row is one transfer_out row of the ledger.
+type row struct {
+	amount int64
+	shard  string
+}
+
 // check compares the clients' histories with the ledger of every shard.
 func check(ctx context.Context, t *testing.T, ops []*op, pools map[string]*pgxpool.Pool) counts {
 	t.Helper()
-	type row struct {
-		amount int64
-		shard  string
-	}
-	rows := map[string][]row{} // transfer id -> its transfer_out rows, on any shard
+	rows := debitRows(ctx, t, pools)
 	var c counts
-	for name, p := range pools {
-		r, err := p.Query(ctx, "SELECT transfer_id, amount FROM ledger_entries WHERE kind = 'transfer_out'")
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		for r.Next() {
-			var id string
-			var amount int64
-			if err := r.Scan(&id, &amount); err != nil {
-				t.Fatal(err)
-			}
-			rows[id] = append(rows[id], row{amount, name})
-			c.ledgerSum += amount
-		}
-		if err := r.Err(); err != nil {
-			t.Fatalf("%s: %v", name, err)
+	for _, got := range rows {
+		for _, r := range got {
+			c.ledgerSum += r.amount
 		}
 	}
 	known := map[string]bool{}
 	for _, o := range ops {
-		c.requests += len(o.attempts)
 		id := router.TransferID(shardmap.KeyspaceID(o.src), "bank:transfer", o.key)
 		known[id] = true
-		got := rows[id]
-		for _, r := range got {
-			if r.amount != o.amount {
-				t.Errorf("key %s: ledger amount %d on %s, requested %d", o.key, r.amount, r.shard, o.amount)
-			}
-		}
-		switch o.outcome() {
-		case acked:
-			c.acked++
-			c.ackedSum += o.amount
-			if o.invalid {
-				t.Errorf("key %s: an invalid request was acknowledged", o.key)
-			}
-			if len(got) != 1 {
-				t.Errorf("key %s: acknowledged, %d ledger rows, want exactly 1", o.key, len(got))
-			}
-			var first []byte
-			for _, a := range o.attempts {
-				if a.status != http.StatusCreated {
-					continue
-				}
-				if first == nil {
-					first = a.body
-					continue
-				}
-				c.replays++
-				if !a.replayed || !bytes.Equal(a.body, first) {
-					t.Errorf("key %s: later 201 (replayed=%t) %q differs from the first %q", o.key, a.replayed, a.body, first)
-				}
-			}
-		case surelyFailed:
-			c.failed++
-			if len(got) != 0 {
-				t.Errorf("key %s: surely failed (%d), yet %d ledger rows", o.key, o.attempts[0].status, len(got))
-			}
-		case unknown:
-			c.unknown++
-			if len(got) > 1 {
-				t.Errorf("key %s: unknown outcome, %d ledger rows, want at most 1", o.key, len(got))
-			}
-			if len(got) == 1 {
-				c.unknownLanded++
-				c.unknownSum += o.amount
-			}
-		}
+		c.add(t, o, rows[id])
 	}
 	for id := range rows {
 		if !known[id] {
@@ -349,6 +312,89 @@ func check(ctx context.Context, t *testing.T, ops []*op, pools map[string]*pgxpo
 		t.Error("no transfer was acknowledged: the run proves nothing")
 	}
 	return c
+}
+
+// debitRows reads every shard's transfer_out rows by transfer id.
+func debitRows(ctx context.Context, t *testing.T, pools map[string]*pgxpool.Pool) map[string][]row {
+	t.Helper()
+	rows := map[string][]row{}
+	for name, p := range pools {
+		r, err := p.Query(ctx, "SELECT transfer_id, amount FROM ledger_entries WHERE kind = 'transfer_out'")
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for r.Next() {
+			var id string
+			var amount int64
+			if err := r.Scan(&id, &amount); err != nil {
+				t.Fatal(err)
+			}
+			rows[id] = append(rows[id], row{amount, name})
+		}
+		if err := r.Err(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	return rows
+}
+
+// add checks one key's history against its ledger rows (got) and counts it.
+func (c *counts) add(t *testing.T, o *op, got []row) {
+	t.Helper()
+	c.requests += len(o.attempts)
+	for _, r := range got {
+		if r.amount != o.amount {
+			t.Errorf("key %s: ledger amount %d on %s, requested %d", o.key, r.amount, r.shard, o.amount)
+		}
+	}
+	switch o.outcome() {
+	case acked:
+		c.acked++
+		c.ackedSum += o.amount
+		if o.invalid {
+			t.Errorf("key %s: an invalid request was acknowledged", o.key)
+		}
+		if len(got) != 1 {
+			t.Errorf("key %s: acknowledged, %d ledger rows, want exactly 1", o.key, len(got))
+		}
+		c.replays += checkReplays(t, o)
+	case surelyFailed:
+		c.failed++
+		if len(got) != 0 {
+			t.Errorf("key %s: surely failed (%d), yet %d ledger rows", o.key, o.attempts[0].status, len(got))
+		}
+	case unknown:
+		c.unknown++
+		if len(got) > 1 {
+			t.Errorf("key %s: unknown outcome, %d ledger rows, want at most 1", o.key, len(got))
+		}
+		if len(got) == 1 {
+			c.unknownLanded++
+			c.unknownSum += o.amount
+		}
+	}
+}
+
+// checkReplays checks that every 201 after an acknowledged key's first is a byte-identical
+// replay, and returns how many there were.
+func checkReplays(t *testing.T, o *op) int {
+	t.Helper()
+	var first []byte
+	n := 0
+	for _, a := range o.attempts {
+		if a.status != http.StatusCreated {
+			continue
+		}
+		if first == nil {
+			first = a.body
+			continue
+		}
+		n++
+		if !a.replayed || !bytes.Equal(a.body, first) {
+			t.Errorf("key %s: later 201 (replayed=%t) %q differs from the first %q", o.key, a.replayed, a.body, first)
+		}
+	}
+	return n
 }
 
 // assertionPools opens a pool per shard for the checker, closed with the test.

@@ -91,18 +91,7 @@ func setup(m *testing.M) (int, error) {
 	env.servers = env.shards.Shards
 	shardPassword = env.servers[0].Password()
 
-	env.mapPath = filepath.Join(dir, "shardmap.yaml")
-	if err := writeMap(env.mapPath, 1, []string{"-80", "80-"}); err != nil {
-		return 0, err
-	}
-	cfgPath := filepath.Join(dir, "router.yaml")
-	if err := os.WriteFile(cfgPath, []byte(routerYAML), 0o600); err != nil {
-		return 0, err
-	}
-	if env.cfg, env.m, err = service.Load(cfgPath); err != nil {
-		return 0, err
-	}
-	if err := service.Migrate(ctx, env.cfg, env.m, io.Discard); err != nil {
+	if err := prepareShards(ctx, dir); err != nil {
 		return 0, err
 	}
 	env.pools = map[string]*pgxpool.Pool{}
@@ -132,6 +121,24 @@ func setup(m *testing.M) (int, error) {
 		return 1, nil
 	}
 	return code, nil
+}
+
+// prepareShards writes the suite's router.yaml and a map splitting the keyspace over the two
+// shards into dir, and migrates the shards as `router migrate` would.
+func prepareShards(ctx context.Context, dir string) error {
+	env.mapPath = filepath.Join(dir, "shardmap.yaml")
+	if err := writeMap(env.mapPath, 1, []string{"-80", "80-"}); err != nil {
+		return err
+	}
+	cfgPath := filepath.Join(dir, "router.yaml")
+	if err := os.WriteFile(cfgPath, []byte(routerYAML), 0o600); err != nil {
+		return err
+	}
+	var err error
+	if env.cfg, env.m, err = service.Load(cfgPath); err != nil {
+		return err
+	}
+	return service.Migrate(ctx, env.cfg, env.m, io.Discard)
 }
 
 // secretsIn returns which configured secrets (shard passwords, client tokens) occur in logs.
