@@ -193,16 +193,24 @@ func TestIdempotencyPolicyIsPublished(t *testing.T) {
 		strings.Repeat("k", 255):                 true,
 		`"` + strings.Repeat("k", 255) + `"`:     true,
 		`a"b`:                                    true, // a quote inside a bare key is just a character
-		strings.Repeat("k", 256):                 false,
-		`"` + strings.Repeat("k", 256) + `"`:     false,
-		"":                                       false,
-		`""`:                                     false,
-		`"abc`:                                   false,
-		`"a"b"`:                                  false,
-		`"a\nb"`:                                 false,
-		"has space":                              false,
-		`"has space"`:                            false,
-		"ключ":                                   false,
+		`abc;x=1`:                                true, // so is a semicolon
+		`"abc";x=1`:                              true, // RFC 8941 parameters, ignored by the router
+		`"abc";v;w=?0`:                           true,
+		`"abc"; a="s p";b=-1.5;c=tok/x:y;d=:aGk=:`: true,
+		`"abc";X=1`:                          false,
+		`"abc";x=`:                           false,
+		`"abc" ;x=1`:                         false,
+		`"abc";x=1.2345`:                     false,
+		strings.Repeat("k", 256):             false,
+		`"` + strings.Repeat("k", 256) + `"`: false,
+		"":                                   false,
+		`""`:                                 false,
+		`"abc`:                               false,
+		`"a"b"`:                              false,
+		`"a\nb"`:                             false,
+		"has space":                          false,
+		`"has space"`:                        false,
+		"ключ":                               false,
 	} {
 		if got := pattern.MatchString(header); got != want {
 			t.Errorf("pattern matches %q: %t, want %t", header, got, want)
