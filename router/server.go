@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/shardgate/shardgate/api"
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/topology"
@@ -33,6 +34,8 @@ type Server struct {
 	log      *slog.Logger
 	topo     atomic.Pointer[topology.Topology]
 	metrics  *metrics
+	groups   *committers    // per-shard group commit
+	replays  *replayCache   // nil when replay_cache is off
 	mux      *http.ServeMux // the API, and the admin endpoints unless they have their own listener
 	admin    http.Handler
 	reloadMu sync.Mutex
@@ -43,7 +46,10 @@ func New(cfg *config.Config, topo *topology.Topology, log *slog.Logger, reg *pro
 	s := &Server{cfg: cfg, log: log, mux: http.NewServeMux()}
 	s.topo.Store(topo)
 	s.metrics = newMetrics(reg, &s.topo)
+	s.groups = newCommitters(cfg, reg)
+	s.replays = newReplayCache(cfg.ReplayCache)
 	s.mux.HandleFunc("POST /transfers", s.postTransfer)
+	s.mux.Handle("GET /openapi.yaml", api.Handler())
 	s.mux.HandleFunc("GET /transfers/{id}", s.getTransfer)
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

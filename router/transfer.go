@@ -181,6 +181,12 @@ func (s *Server) buildRequest(r *http.Request, a admitted) idem.TransferRequest 
 func (s *Server) route(w http.ResponseWriter, r *http.Request, req idem.TransferRequest) {
 	// The transfer runs to its end even if the client hangs up: the outcome is then stored for the
 	// retry to replay, instead of being cut off at an unknown point.
+	if resp, ok := s.replays.get(req.Scope, req.Key, req.RequestHash); ok {
+		shard, _ := s.topo.Load().Map.ShardFor(req.KeyspaceID)
+		writeStored(w, resp, true)
+		s.metrics.transfers.WithLabelValues(outReplayed, shard.Name).Inc()
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.ShardPool.RequestTimeout)
 	defer cancel()
 	topo := s.holdTopology()
@@ -206,7 +212,10 @@ func (s *Server) transferOn(ctx context.Context, topo *topology.Topology, req id
 	}
 	defer conn.Leave()
 	start := time.Now()
-	res, err := idem.Transfer(ctx, conn.Pool, req)
+	res, err := s.groups.transfer(ctx, shard.Name, conn, req)
+	if err == nil {
+		s.replays.remember(req, res)
+	}
 	outcome := string(res.Outcome)
 	if err != nil {
 		outcome = "error"

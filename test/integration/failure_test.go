@@ -8,8 +8,11 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/internal/service"
@@ -107,6 +110,11 @@ func TestRecordInOlderPartitionStillReplays(t *testing.T) {
 // inconsistency, answered with a retryable 503 and counted; once the partition is attached
 // again (the next upkeep does it), the retry replays byte for byte.
 func TestDetachedPartitionIsNotExpiry(t *testing.T) {
+	// The shard decides here: a router without a replay cache asks it every time.
+	_, base := newRouter(t, env.mapPath, noReplayCache)
+	post := func(t *testing.T, key, body string) reply {
+		return doAt(t, base, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": key}, body)
+	}
 	const src = 7111
 	shard := shardOf(src)
 	key := newKey()
@@ -128,7 +136,7 @@ func TestDetachedPartitionIsNotExpiry(t *testing.T) {
 	if r.status != http.StatusServiceUnavailable || r.problemType() != "idempotency-record-missing" || r.header.Get("Retry-After") == "" {
 		t.Fatalf("retry with the record's partition detached: %d %s, want 503 idempotency-record-missing with Retry-After", r.status, r.body)
 	}
-	if !strings.Contains(env.logs.String(), "record_missing") && !strings.Contains(env.logs.String(), "record missing") {
+	if !strings.Contains(strings.ToLower(env.logs.String()), "record missing") {
 		t.Errorf("the inconsistency was not logged")
 	}
 	if err := service.Maintain(ctx, env.cfg, env.m, io.Discard); err != nil {
@@ -146,6 +154,11 @@ func TestDetachedPartitionIsNotExpiry(t *testing.T) {
 // A key whose record was dropped by retention is never executed a second time: the ledger still
 // holds its transfer id, and the answer is 422 idempotency-key-expired.
 func TestExpiredRecordIsNeverReapplied(t *testing.T) {
+	// The shard decides here: a router without a replay cache asks it every time.
+	_, base := newRouter(t, env.mapPath, noReplayCache)
+	post := func(t *testing.T, key, body string) reply {
+		return doAt(t, base, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": key}, body)
+	}
 	const src = 7101
 	shard := shardOf(src)
 	key := newKey()
@@ -336,5 +349,56 @@ func TestReadyzWithAShardDown(t *testing.T) {
 	}
 	if r := do(t, http.MethodGet, "/readyz?partial=1", nil, ""); r.status != http.StatusOK {
 		t.Errorf("a shard down, partial: %d %s, want 200", r.status, r.body)
+	}
+}
+
+// Group commit under a shard's death: transfers for one shard are held in flight (a session
+// locks the ledger, so their group waits on the lock), and more queue behind them to form the
+// next groups; the shard is killed. Every one of them answers 503 (nothing is known, or nothing
+// was done), and once the shard is back their retries apply each exactly once.
+func TestShardKilledUnderGroupsInFlight(t *testing.T) {
+	const n = 12
+	downName := "shard-1"
+	down := env.servers[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	locker, err := pgx.Connect(ctx, down.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := locker.Exec(ctx, "BEGIN; LOCK TABLE ledger_entries IN SHARE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	keys, bodies := make([]string, n), make([]string, n)
+	answers := make([]reply, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		keys[i], bodies[i] = newKey(), transferBody(accountOn(downName, int64(40000+i*100)), 1, int64(10+i))
+		wg.Go(func() { answers[i] = post(t, keys[i], bodies[i]) })
+	}
+	waitFor(t, func() bool { // the first groups are in flight, waiting on the lock
+		var waiting int
+		err := env.pools[downName].QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE relation = 'ledger_entries'::regclass AND NOT granted").Scan(&waiting)
+		return err == nil && waiting > 0
+	})
+	if err := down.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	locker.Close(ctx) //nolint:errcheck // its server is gone
+	for i, a := range answers {
+		if a.status != http.StatusServiceUnavailable || a.header.Get("Retry-After") == "" {
+			t.Errorf("transfer %d while its shard died: %d %s, want 503 with Retry-After", i, a.status, a.body)
+		}
+	}
+	if err := down.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	env.pools[downName].Reset()
+	for i := range n {
+		waitFor(t, func() bool { return post(t, keys[i], bodies[i]).status == http.StatusCreated })
+		if l := ledgerRows(t, downName, transferID(accountOn(downName, int64(40000+i*100)), keys[i])); l != 1 {
+			t.Errorf("transfer %d: %d ledger rows after retries, want 1", i, l)
+		}
 	}
 }

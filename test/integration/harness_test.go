@@ -380,3 +380,6 @@ func mustLoad(t testing.TB, path string) *shardmap.Map {
 }
 
 func keyspaceOf(account int64) uint64 { return shardmap.KeyspaceID(account) }
+
+// noReplayCache turns a router's replay cache off, for tests of what the shard decides.
+func noReplayCache(c *config.Config) { c.ReplayCache.MaxEntries = 0 }

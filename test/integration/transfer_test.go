@@ -260,3 +260,39 @@ func TestTransfersLandOnOwningShard(t *testing.T) {
 		t.Errorf("60 accounts landed on %v; want every shard used", perShard)
 	}
 }
+
+// A retry of a completed key is replayed by the router from its replay cache, byte for byte,
+// without asking the shard (here the record is gone from the shard, and the router still
+// replays it). The cache serves only the same client and the same request: another client's
+// use of the key and another body under it go to the shard, which decides.
+func TestReplayCacheServesOnlyTheSameRequestOfTheSameClient(t *testing.T) {
+	const src = 7301
+	shard := shardOf(src)
+	key := newKey()
+	body := transferBody(src, 7302, 12)
+	first := post(t, key, body)
+	if first.status != http.StatusCreated {
+		t.Fatalf("first: %d %s", first.status, first.body)
+	}
+	if _, err := env.pools[shard].Exec(context.Background(), "DELETE FROM idempotency_record WHERE key = $1", key); err != nil {
+		t.Fatal(err)
+	}
+	again := post(t, key, body)
+	if again.status != http.StatusCreated || !bytes.Equal(again.body, first.body) || again.header.Get("Idempotent-Replayed") != "true" ||
+		again.header.Get("Location") != first.header.Get("Location") {
+		t.Fatalf("retry: %d %s %v, want the first answer replayed from the cache", again.status, again.body, again.header)
+	}
+	// Another body under the key is not the cached request: the shard answers (its record is
+	// gone and the debit is young, so: record missing, retry later).
+	if r := post(t, key, transferBody(src, 7302, 13)); r.status != http.StatusServiceUnavailable || r.problemType() != "idempotency-record-missing" {
+		t.Errorf("other body: %d %s, want the shard's answer (503 idempotency-record-missing)", r.status, r.body)
+	}
+	// Another client's key is another scope: never served from client-a's cache entry.
+	other := do(t, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": key, "Authorization": "Bearer token-b"}, body)
+	if other.status != http.StatusCreated || other.header.Get("Idempotent-Replayed") == "true" || bytes.Equal(other.body, first.body) {
+		t.Errorf("client-b with client-a's key: %d %s, want a transfer of its own", other.status, other.body)
+	}
+	if n := ledgerRows(t, shard, transferID(src, key)); n != 1 {
+		t.Errorf("%d ledger rows of client-a's transfer, want 1", n)
+	}
+}
