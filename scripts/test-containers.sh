@@ -19,7 +19,7 @@ sweep_containers
 trap sweep_containers EXIT
 timeout 15m ./deploy/images/build-postgres-image.sh
 timeout 10m ./deploy/images/build-router-image.sh
-SHARDGATE_TEST_BACKEND=docker go test -race -count=1 -timeout 10m ./test/integration/
+SHARDGATE_TEST_BACKEND=docker go test -race -count=1 -timeout 10m ./test/integration/ ./shardgatetest/
 # -v: the fault suite's checker prints its counts (acknowledged, failed, unknown, replays, sums).
 out=$(SHARDGATE_TEST_BACKEND=docker go test -race -count=1 -timeout 10m -v ./test/faults/ 2>&1) || { echo "$out"; exit 1; }
 echo "$out" | grep -E '^(--- |ok )|bank_test.go|bank summary'
