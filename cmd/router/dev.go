@@ -6,7 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"io/fs"
+	iofs "io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -44,16 +44,16 @@ func dev(ctx context.Context, args []string, out io.Writer, log *slog.Logger) er
 		}
 		defer os.RemoveAll(base)
 	}
-	sb := sandbox{dir: base}
-	if err := sb.checkShardCount(*n, fs); err != nil {
+	sb, err := openSandbox(base, *n, fs)
+	if err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("dev: %w (choose another with --listen)", err)
 	}
-	fmt.Fprintf(out, "starting %d PostgreSQL shards under %s ...\n", sb.shards(*n), base)
-	dsns, stopShards, err := startDevShards(ctx, sb.shards(*n), filepath.Join(base, "shards"))
+	fmt.Fprintf(out, "starting %d PostgreSQL shards under %s ...\n", sb.n, base)
+	dsns, stopShards, err := startDevShards(ctx, sb.n, filepath.Join(base, "shards"))
 	if err != nil {
 		ln.Close()
 		return err
@@ -72,16 +72,23 @@ func dev(ctx context.Context, args []string, out io.Writer, log *slog.Logger) er
 	})
 }
 
-// sandbox is the directory of `router dev`: shards/, router.yaml and shardmap.yaml.
-type sandbox struct{ dir string }
+// sandbox is the directory of `router dev`: shards/, router.yaml and shardmap.yaml. kept is
+// the shard map a kept sandbox has (nil for a new one), and n how many shards it runs.
+type sandbox struct {
+	dir  string
+	kept *yaml.Node
+	n    int
+}
 
-func (sb sandbox) path(name string) string { return filepath.Join(sb.dir, name) }
+func (sb *sandbox) path(name string) string { return filepath.Join(sb.dir, name) }
 
-// kept returns the shard map a kept sandbox has, or nil for a new one.
-func (sb sandbox) kept() (*yaml.Node, error) {
+// openSandbox reads what a kept sandbox in dir has. A kept sandbox runs its own number of
+// shards: its map and data are for them, so a --shards that differs is refused.
+func openSandbox(dir string, n int, fs *flag.FlagSet) (*sandbox, error) {
+	sb := &sandbox{dir: dir, n: n}
 	data, err := os.ReadFile(sb.path("shardmap.yaml"))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+	if errors.Is(err, iofs.ErrNotExist) {
+		return sb, nil
 	}
 	if err != nil {
 		return nil, err
@@ -90,43 +97,22 @@ func (sb sandbox) kept() (*yaml.Node, error) {
 	if err := yaml.Unmarshal(data, &doc); err != nil || len(doc.Content) == 0 {
 		return nil, fmt.Errorf("dev: %s is not YAML (%v); fix it, or start a new sandbox with another --dir", sb.path("shardmap.yaml"), err)
 	}
-	return &doc, nil
-}
-
-// shards is how many shards the sandbox runs: a kept sandbox's own number, else n.
-func (sb sandbox) shards(n int) int {
-	if doc, _ := sb.kept(); doc != nil {
-		return len(shardNodes(doc))
-	}
-	return n
-}
-
-// checkShardCount refuses a --shards that a kept sandbox cannot honour: its map and data are
-// for the shards it has.
-func (sb sandbox) checkShardCount(n int, fs *flag.FlagSet) error {
-	doc, err := sb.kept()
-	if err != nil || doc == nil {
-		return err
-	}
-	have := len(shardNodes(doc))
+	sb.kept, sb.n = &doc, len(shardNodes(&doc))
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "shards" })
-	if set && n != have {
-		return fmt.Errorf("%w: dev: the sandbox in %s has %d shards; run it with --shards %d (or without --shards), or start a new sandbox with another --dir",
-			errUsage, sb.dir, have, have)
+	if set && n != sb.n {
+		return nil, fmt.Errorf("%w: dev: the sandbox in %s has %d shards; run it with --shards %d (or without --shards), or start a new sandbox with another --dir",
+			errUsage, dir, sb.n, sb.n)
 	}
-	return nil
+	return sb, nil
 }
 
 // write gives a new sandbox its router.yaml and shard map, or points a kept sandbox's map at
 // the shards' new ports, keeping everything else, and loads both.
-func (sb sandbox) write(dsns []string, listen string) (*config.Config, *shardmap.Map, error) {
-	doc, err := sb.kept()
-	if err != nil {
-		return nil, nil, err
-	}
+func (sb *sandbox) write(dsns []string, listen string) (*config.Config, *shardmap.Map, error) {
 	mapYAML := []byte(devShardmap(dsns))
-	if doc != nil {
+	if doc := sb.kept; doc != nil {
+		var err error
 		for i, shard := range shardNodes(doc) {
 			if dsn := mappingValue(shard, "dsn"); dsn != nil && i < len(dsns) {
 				dsn.Value, dsn.Style = dsns[i], 0
@@ -139,7 +125,7 @@ func (sb sandbox) write(dsns []string, listen string) (*config.Config, *shardmap
 	if err := writeFileAtomic(sb.path("shardmap.yaml"), mapYAML); err != nil {
 		return nil, nil, err
 	}
-	if _, err := os.Stat(sb.path("router.yaml")); errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(sb.path("router.yaml")); errors.Is(err, iofs.ErrNotExist) {
 		if err := writeFileAtomic(sb.path("router.yaml"), []byte(devRouterYAML(listen))); err != nil {
 			return nil, nil, err
 		}
