@@ -112,9 +112,7 @@ func TestRecordInOlderPartitionStillReplays(t *testing.T) {
 func TestDetachedPartitionIsNotExpiry(t *testing.T) {
 	// The shard decides here: a router without a replay cache asks it every time.
 	_, base := newRouter(t, env.mapPath, noReplayCache)
-	post := func(t *testing.T, key, body string) reply {
-		return doAt(t, base, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": key}, body)
-	}
+	post := func(t *testing.T, key, body string) reply { return postAt(t, base, key, body) }
 	const src = 7111
 	shard := shardOf(src)
 	key := newKey()
@@ -156,9 +154,7 @@ func TestDetachedPartitionIsNotExpiry(t *testing.T) {
 func TestExpiredRecordIsNeverReapplied(t *testing.T) {
 	// The shard decides here: a router without a replay cache asks it every time.
 	_, base := newRouter(t, env.mapPath, noReplayCache)
-	post := func(t *testing.T, key, body string) reply {
-		return doAt(t, base, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": key}, body)
-	}
+	post := func(t *testing.T, key, body string) reply { return postAt(t, base, key, body) }
 	const src = 7101
 	shard := shardOf(src)
 	key := newKey()

@@ -305,10 +305,16 @@ func doAt(t testing.TB, base, method, path string, headers map[string]string, bo
 	return reply{status: resp.StatusCode, header: resp.Header, body: b}
 }
 
-// post sends POST /transfers with key as client-a.
+// postAt sends POST /transfers with key as client-a to the router at base.
+func postAt(t testing.TB, base, key, body string) reply {
+	t.Helper()
+	return doAt(t, base, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": key}, body)
+}
+
+// post is postAt the suite's main router.
 func post(t testing.TB, key, body string) reply {
 	t.Helper()
-	return do(t, http.MethodPost, "/transfers", map[string]string{"Idempotency-Key": key}, body)
+	return postAt(t, env.url, key, body)
 }
 
 func transferBody(src, dst, amount int64) string {
