@@ -38,12 +38,26 @@ type Response struct {
 	Body    string            `json:"body"`
 }
 
-// TransferRequest is one attempt to apply a transfer on the shard that owns its source account.
+// Kind is which leg of a transfer an attempt writes.
+type Kind string
+
+// The two legs of a transfer, as ledger_entries.kind names them.
+const (
+	Debit  Kind = "transfer_out" // on the shard that owns Src
+	Credit Kind = "transfer_in"  // on the shard that owns Dst, delivered by the relay
+)
+
+// TransferRequest is one attempt to apply one leg of a transfer on the shard that owns that
+// leg's account: Src for a debit, Dst for a credit.
 type TransferRequest struct {
+	Kind        Kind   // Debit when empty
 	Scope       string // client and operation, e.g. "payments-api:transfer"
 	Key         string // the Idempotency-Key as the client sent it (unquoted)
 	RequestHash string // fingerprint of method, path and canonical body
-	KeyspaceID  uint64 // keyspace id of Src, checked against the shard's owned ranges
+	KeyspaceID  uint64 // keyspace id of the leg's account, checked against the shard's owned ranges
+	// DstKeyspaceID is a debit's keyspace id of Dst: when the debit's shard owns it too, the
+	// credit is written in the debit's transaction instead of being owed. Unused for a credit.
+	DstKeyspaceID uint64
 	TransferID  string
 	Client      string
 	Src, Dst    int64
@@ -57,48 +71,31 @@ type TransferRequest struct {
 }
 
 // TransferResult reports what happened. Response is set for Applied (the response to send) and
-// Replayed (the stored one). ShardMapVersion is set for NotOwner.
+// Replayed (the stored one). ShardMapVersion is set for NotOwner. CreditSettled is set for an
+// Applied debit whose credit was written in the same transaction (its shard owns Dst); an
+// Applied debit without it left the credit owed, for the relay to deliver.
 type TransferResult struct {
 	Outcome         Outcome
 	Response        Response
 	ShardMapVersion int64
+	CreditSettled   bool
 }
 
 // ErrNoPartition means the idempotency_record partition for the current time does not exist, so
 // nothing could be stored. Nothing was written; partition upkeep (router maintain) fixes it.
 var ErrNoPartition = errors.New("idempotency_record has no partition for the current time; run `router maintain`")
 
-// transferSQL is the whole transfer: one statement, one round trip, one implicit transaction.
-const transferSQL = `SELECT outcome, stored_response, shard_map_version
-FROM shardgate_transfer($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`
-
-// Transfer runs one attempt on pool, the owning shard's pool. An error means the outcome is not
-// known to this process (the shard was unreachable, timed out, or failed mid-statement); the
-// caller must answer with a retryable status and must not store anything elsewhere. Retrying
-// with the same key is safe whatever happened on the shard.
+// Transfer runs one attempt on pool, the owning shard's pool: a group of one, in one statement,
+// one round trip and one implicit transaction. An error means the outcome is not known to this
+// process (the shard was unreachable, timed out, or failed mid-statement); the caller must answer
+// with a retryable status and must not store anything elsewhere. Retrying with the same key is
+// safe whatever happened on the shard.
 func Transfer(ctx context.Context, pool *pgxpool.Pool, r TransferRequest) (TransferResult, error) {
-	resp, err := json.Marshal(r.Response)
+	res, err := TransferBatch(ctx, pool, []TransferRequest{r})
 	if err != nil {
-		return TransferResult{}, fmt.Errorf("encode response: %w", err)
+		return TransferResult{}, err
 	}
-	var reference *string
-	if r.Reference != "" {
-		reference = &r.Reference
-	}
-	var (
-		outcome    string
-		stored     []byte
-		mapVersion *int64
-	)
-	err = pool.QueryRow(ctx, transferSQL,
-		r.Scope, r.Key, r.RequestHash, signedKeyspace(r.KeyspaceID),
-		r.TransferID, r.Client, r.Src, r.Dst, r.Amount,
-		r.Currency, reference, string(resp), r.Retention,
-	).Scan(&outcome, &stored, &mapVersion)
-	if err != nil {
-		return TransferResult{}, transferError(err)
-	}
-	return decodeOutcome(r, outcome, stored, mapVersion)
+	return res[0], nil
 }
 
 // transferError tells a missing partition (the record's insert found no partition for now, so
@@ -113,11 +110,12 @@ func transferError(err error) error {
 
 // decodeOutcome turns one row of the transfer functions into a result; an outcome outside the
 // closed set is an error.
-func decodeOutcome(r TransferRequest, outcome string, stored []byte, mapVersion *int64) (TransferResult, error) {
+func decodeOutcome(r TransferRequest, outcome string, stored []byte, mapVersion *int64, creditSettled *bool) (TransferResult, error) {
 	res := TransferResult{Outcome: Outcome(outcome)}
 	switch res.Outcome {
 	case Applied:
 		res.Response = r.Response
+		res.CreditSettled = creditSettled != nil && *creditSettled
 	case Replayed:
 		if err := json.Unmarshal(stored, &res.Response); err != nil {
 			return TransferResult{}, fmt.Errorf("decode stored response for key in scope %q: %w", r.Scope, err)
@@ -134,8 +132,8 @@ func decodeOutcome(r TransferRequest, outcome string, stored []byte, mapVersion 
 }
 
 // transferBatchSQL is a whole group: one statement, one round trip, one commit.
-const transferBatchSQL = `SELECT idx, outcome, stored_response, shard_map_version
-FROM shardgate_transfer_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`
+const transferBatchSQL = `SELECT idx, outcome, stored_response, shard_map_version, credit_settled
+FROM shardgate_apply_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`
 
 // TransferBatch runs a group of attempts on pool, the shard's pool, in one statement and one
 // transaction (group commit): each item gets the outcome a lone Transfer would give it, except
@@ -163,12 +161,13 @@ func TransferBatch(ctx context.Context, pool *pgxpool.Pool, reqs []TransferReque
 		outcome    string
 		stored     []byte
 		mapVersion *int64
+		settled    *bool
 	)
-	_, err = pgx.ForEachRow(rows, []any{&idx, &outcome, &stored, &mapVersion}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&idx, &outcome, &stored, &mapVersion, &settled}, func() error {
 		if idx < 1 || idx > len(reqs) {
-			return fmt.Errorf("shardgate_transfer_batch returned item %d of %d", idx, len(reqs))
+			return fmt.Errorf("shardgate_apply_batch returned item %d of %d", idx, len(reqs))
 		}
-		res, err := decodeOutcome(reqs[idx-1], outcome, stored, mapVersion)
+		res, err := decodeOutcome(reqs[idx-1], outcome, stored, mapVersion, settled)
 		results[idx-1] = res
 		seen++
 		return err
@@ -177,17 +176,19 @@ func TransferBatch(ctx context.Context, pool *pgxpool.Pool, reqs []TransferReque
 		return nil, transferError(err)
 	}
 	if seen != len(reqs) {
-		return nil, fmt.Errorf("shardgate_transfer_batch answered %d of %d items", seen, len(reqs))
+		return nil, fmt.Errorf("shardgate_apply_batch answered %d of %d items", seen, len(reqs))
 	}
 	return results, nil
 }
 
-// batchArgs are the parallel arrays of shardgate_transfer_batch, in its parameter order.
+// batchArgs are the parallel arrays of shardgate_apply_batch, in its parameter order. A debit's
+// account is Src and its counterparty Dst; a credit's are the other way round.
 func batchArgs(reqs []TransferRequest) ([]any, error) {
 	n := len(reqs)
-	scopes, keys, hashes, ids := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	kinds, scopes, keys, hashes, ids := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	clients, currencies, responses := make([]string, n), make([]string, n), make([]string, n)
-	keyspaces, srcs, dsts, amounts := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	keyspaces, accounts, counterparties, amounts := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	counterKeyspaces := make([]*int64, n)
 	references := make([]*string, n)
 	for i := range reqs {
 		r := &reqs[i]
@@ -195,14 +196,25 @@ func batchArgs(reqs []TransferRequest) ([]any, error) {
 		if err != nil {
 			return nil, fmt.Errorf("encode response: %w", err)
 		}
+		switch r.Kind {
+		case Debit, "":
+			kinds[i], accounts[i], counterparties[i] = string(Debit), r.Src, r.Dst
+			ks := signedKeyspace(r.DstKeyspaceID)
+			counterKeyspaces[i] = &ks
+		case Credit:
+			kinds[i], accounts[i], counterparties[i] = string(Credit), r.Dst, r.Src
+		default:
+			return nil, fmt.Errorf("transfer leg of unknown kind %q", r.Kind)
+		}
 		scopes[i], keys[i], hashes[i], ids[i] = r.Scope, r.Key, r.RequestHash, r.TransferID
 		clients[i], currencies[i], responses[i] = r.Client, r.Currency, string(resp)
-		keyspaces[i], srcs[i], dsts[i], amounts[i] = signedKeyspace(r.KeyspaceID), r.Src, r.Dst, r.Amount
+		keyspaces[i], amounts[i] = signedKeyspace(r.KeyspaceID), r.Amount
 		if r.Reference != "" {
 			references[i] = &r.Reference
 		}
 	}
-	return []any{scopes, keys, hashes, keyspaces, ids, clients, srcs, dsts, amounts, currencies, references, responses, reqs[0].Retention}, nil
+	return []any{kinds, scopes, keys, hashes, keyspaces, ids, clients, accounts, counterparties, counterKeyspaces,
+		amounts, currencies, references, responses, reqs[0].Retention}, nil
 }
 
 // signedKeyspace maps an unsigned keyspace id onto a signed bigint with the same order, by

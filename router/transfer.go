@@ -165,7 +165,7 @@ func (s *Server) buildRequest(r *http.Request, a admitted) idem.TransferRequest 
 	body, _ := json.Marshal(transferView{ID: id, Src: in.Src, Dst: in.Dst, Amount: in.Amount, Currency: in.Currency, Reference: in.Reference})
 	return idem.TransferRequest{
 		Scope: scope, Key: a.key, RequestHash: Fingerprint(r.Method, r.URL.Path, in),
-		KeyspaceID: ksid, TransferID: id, Client: a.client,
+		KeyspaceID: ksid, DstKeyspaceID: shardmap.KeyspaceID(in.Dst), TransferID: id, Client: a.client,
 		Src: in.Src, Dst: in.Dst, Amount: in.Amount, Currency: in.Currency, Reference: in.Reference,
 		Retention: s.cfg.Idempotency.Retention,
 		Response: idem.Response{
