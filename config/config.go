@@ -29,6 +29,7 @@ type Config struct {
 	ShardPool    ShardPool
 	GroupCommit  GroupCommit
 	ReplayCache  ReplayCache
+	Relay        Relay
 	HTTP         HTTP
 	TLS          TLS
 	Admin        Admin
@@ -145,6 +146,15 @@ type file struct {
 		MaxEntries *int      `yaml:"max_entries"`
 		TTL        *duration `yaml:"ttl"`
 	} `yaml:"replay_cache"`
+	Relay struct {
+		Enabled      *bool     `yaml:"enabled"`
+		PollInterval *duration `yaml:"poll_interval"`
+		Batch        *int      `yaml:"batch"`
+		Lease        *duration `yaml:"lease"`
+		BackoffBase  *duration `yaml:"backoff_base"`
+		BackoffMax   *duration `yaml:"backoff_max"`
+		KeepSettled  *duration `yaml:"keep_settled"`
+	} `yaml:"relay"`
 	HTTP struct {
 		ReadHeaderTimeout *duration `yaml:"read_header_timeout"`
 		ReadTimeout       *duration `yaml:"read_timeout"`
@@ -217,6 +227,18 @@ func decode(data []byte) (*file, error) {
 
 // withDefaults is the one place defaults live: it fills every absent key and converts what the
 // file spells as text (interval, token hashes), reporting text that does not convert.
+// Relay delivers the credits that debits owe to the shards that own their destination accounts
+// (package relay); every `router serve` runs one unless Enabled is false.
+type Relay struct {
+	Enabled      bool
+	PollInterval time.Duration // a pass over every shard at least this often
+	Batch        int           // owed credits claimed per shard per statement
+	Lease        time.Duration // how long a claimed credit is this relay's before another may take it over
+	BackoffBase  time.Duration // first wait after a failed delivery, doubled per attempt
+	BackoffMax   time.Duration // the longest wait
+	KeepSettled  time.Duration // settled owed-credit rows are deleted by upkeep after this
+}
+
 func withDefaults(path string, f *file) (*Config, []string) {
 	c := &Config{
 		Listen:       deref(f.Listen, "127.0.0.1:8080"),
@@ -241,6 +263,15 @@ func withDefaults(path string, f *file) (*Config, []string) {
 		},
 		GroupCommit: GroupCommit{MaxBatch: deref(f.GroupCommit.MaxBatch, 64)},
 		ReplayCache: ReplayCache{MaxEntries: deref(f.ReplayCache.MaxEntries, 16384), TTL: durOr(f.ReplayCache.TTL, 5*time.Minute)},
+		Relay: Relay{
+			Enabled:      deref(f.Relay.Enabled, true),
+			PollInterval: durOr(f.Relay.PollInterval, time.Second),
+			Batch:        deref(f.Relay.Batch, 256),
+			Lease:        durOr(f.Relay.Lease, 30*time.Second),
+			BackoffBase:  durOr(f.Relay.BackoffBase, 250*time.Millisecond),
+			BackoffMax:   durOr(f.Relay.BackoffMax, time.Minute),
+			KeepSettled:  durOr(f.Relay.KeepSettled, 168*time.Hour),
+		},
 		HTTP: HTTP{
 			ReadHeaderTimeout: durOr(f.HTTP.ReadHeaderTimeout, 5*time.Second),
 			ReadTimeout:       durOr(f.HTTP.ReadTimeout, 15*time.Second),
@@ -343,7 +374,29 @@ func (c *Config) validate() []string {
 	if c.GroupCommit.MaxBatch < 1 || c.GroupCommit.MaxBatch > 1000 {
 		bad("group_commit.max_batch: %d must be between 1 (group commit off: every transfer alone) and 1000", c.GroupCommit.MaxBatch)
 	}
+	problems = append(problems, c.Relay.validate(c.ShardPool.RequestTimeout)...)
 	return append(problems, c.validateListeners()...)
+}
+
+func (r Relay) validate(requestTimeout time.Duration) []string {
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	if r.PollInterval < 10*time.Millisecond || r.PollInterval > time.Hour {
+		bad("relay.poll_interval: %s must be between 10ms and 1h", r.PollInterval)
+	}
+	if r.Batch < 1 || r.Batch > 10000 {
+		bad("relay.batch: %d must be between 1 and 10000", r.Batch)
+	}
+	if r.Lease < 3*requestTimeout {
+		bad("relay.lease: %s must be at least three times shard_pool.request_timeout (%s): a lease that runs out mid-delivery lets another relay deliver the same credit (it replays, but the work is wasted)", r.Lease, requestTimeout)
+	}
+	if r.BackoffBase <= 0 || r.BackoffMax < r.BackoffBase {
+		bad("relay.backoff_base: %s must be positive and relay.backoff_max (%s) at least as long", r.BackoffBase, r.BackoffMax)
+	}
+	if r.KeepSettled < 0 {
+		bad("relay.keep_settled: %s must not be negative", r.KeepSettled)
+	}
+	return problems
 }
 
 func (idm Idempotency) validate() []string {

@@ -17,6 +17,10 @@ type LedgerTransfer struct {
 	Currency   string
 	Reference  string
 	CreatedAt  time.Time
+	// Credit is pending or settled as the debit's shard knows it, or unknown when it holds no
+	// owed-credit row (then dst's shard tells: CreditSettledAt).
+	Credit    CreditState
+	SettledAt time.Time // when Credit is settled
 }
 
 // ErrNotFound means no such transfer exists for the asking client.
@@ -26,15 +30,31 @@ var ErrNotFound = errors.New("transfer not found")
 // ErrNotFound, exactly like a missing one, so its existence is not revealed.
 func GetTransfer(ctx context.Context, pool *pgxpool.Pool, id, client string) (LedgerTransfer, error) {
 	t := LedgerTransfer{TransferID: id}
-	var ref *string
-	err := pool.QueryRow(ctx, `SELECT account_id, counterparty_id, amount, currency, reference, created_at
-		FROM ledger_entries WHERE transfer_id = $1 AND kind = 'transfer_out' AND client = $2`, id, client).
-		Scan(&t.Src, &t.Dst, &t.Amount, &t.Currency, &ref, &t.CreatedAt)
+	var (
+		ref       *string
+		owed      bool
+		settledAt *time.Time
+	)
+	err := pool.QueryRow(ctx, `SELECT d.account_id, d.counterparty_id, d.amount, d.currency, d.reference, d.created_at,
+			o.transfer_id IS NOT NULL, coalesce(o.settled_at, c.created_at)
+		FROM ledger_entries d
+		LEFT JOIN shardgate_credit_outbox o ON o.transfer_id = d.transfer_id
+		LEFT JOIN ledger_entries c ON c.transfer_id = d.transfer_id AND c.kind = 'transfer_in'
+		WHERE d.transfer_id = $1 AND d.kind = 'transfer_out' AND d.client = $2`, id, client).
+		Scan(&t.Src, &t.Dst, &t.Amount, &t.Currency, &ref, &t.CreatedAt, &owed, &settledAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, ErrNotFound
 	}
 	if ref != nil {
 		t.Reference = *ref
+	}
+	switch {
+	case settledAt != nil:
+		t.Credit, t.SettledAt = CreditSettled, *settledAt
+	case owed:
+		t.Credit = CreditPending
+	default:
+		t.Credit = CreditUnknown
 	}
 	return t, err
 }

@@ -223,7 +223,7 @@ const inRangeOf = `EXISTS (SELECT 1 FROM shardgate_owned_range o
 // deleteMovedRows removes the rows of ranges that moved away, once their new owners hold
 // copies: left behind they would count a moved transfer twice in any sum over shards.
 func deleteMovedRows(ctx context.Context, tx pgx.Tx) error {
-	for _, table := range []string{"idempotency_record", "ledger_entries"} {
+	for _, table := range []string{"idempotency_record", "ledger_entries", "shardgate_credit_outbox"} {
 		q := fmt.Sprintf("DELETE FROM %s t WHERE %s AND NOT %s", table, fmt.Sprintf(inRangeOf, false), fmt.Sprintf(inRangeOf, true))
 		if _, err := tx.Exec(ctx, q); err != nil {
 			return fmt.Errorf("delete moved rows from %s: %w", table, err)

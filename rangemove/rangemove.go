@@ -55,6 +55,9 @@ type MoveReport struct {
 	From, To        string
 	Range           shardmap.KeyRange // the part of a range From held that To now owns
 	Records, Ledger int64             // rows inserted on To (by Plan: rows From holds there)
+	// Credits counts owed-credit rows of debits in Range copied to To, which delivers those
+	// still pending from then on.
+	Credits int64
 	// Conflicts counts keys To already held for a different request: the same key was used
 	// for transfers from accounts on two shards. To's record wins; each is a key to look at.
 	Conflicts int64
@@ -162,7 +165,8 @@ func Plan(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpool
 	for i, mv := range moves {
 		lo, hi := idem.Bounds(mv.Range)
 		err := pool(mv.From).QueryRow(ctx, `SELECT (SELECT count(*) FROM idempotency_record WHERE `+inRange+`),
-			(SELECT count(*) FROM ledger_entries WHERE `+inRange+`)`, lo, hi).Scan(&moves[i].Records, &moves[i].Ledger)
+			(SELECT count(*) FROM ledger_entries WHERE `+inRange+`),
+			(SELECT count(*) FROM shardgate_credit_outbox WHERE `+inRange+`)`, lo, hi).Scan(&moves[i].Records, &moves[i].Ledger, &moves[i].Credits)
 		if err != nil {
 			return nil, fmt.Errorf("shard %s: %w", mv.From, err)
 		}
@@ -343,6 +347,8 @@ const copyBatch = 500
 const (
 	recordCols = "key, scope, request_hash, keyspace_id, response, state, created_at"
 	ledgerCols = "transfer_id, keyspace_id, account_id, counterparty_id, amount, currency, kind, reference, client, created_at"
+	// The owed credits of the range's debits; a lease is the source's relay's and stays behind.
+	outboxCols = "transfer_id, keyspace_id, src, dst, amount, currency, reference, client, debited_at, settled_at, attempts, next_attempt_at"
 	inRange    = "keyspace_id >= $1 AND ($2::bigint IS NULL OR keyspace_id < $2)"
 )
 
@@ -403,6 +409,18 @@ func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange,
 		func(ctx context.Context, tx pgx.Tx, _ int) error {
 			tag, err := tx.Exec(ctx, fmt.Sprintf("INSERT INTO ledger_entries (%[1]s) SELECT %[1]s FROM moving_rows ON CONFLICT (transfer_id, kind) DO NOTHING", ledgerCols))
 			mv.Ledger += tag.RowsAffected()
+			return err
+		})
+	if err != nil {
+		return err
+	}
+	// Owed credits go with their debits. A credit settled on either side stays settled: a relay
+	// may have delivered it from src until the revoke, and delivering it again would only replay.
+	_, err = copyInto(ctx, src, dst, r, "shardgate_credit_outbox", outboxCols, fmt.Sprintf("SELECT %s FROM shardgate_credit_outbox WHERE %s", outboxCols, inRange), []any{lo, hi}, nil,
+		func(ctx context.Context, tx pgx.Tx, _ int) error {
+			tag, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO shardgate_credit_outbox AS o (%[1]s) SELECT %[1]s FROM moving_rows
+				ON CONFLICT (transfer_id) DO UPDATE SET settled_at = coalesce(o.settled_at, EXCLUDED.settled_at)`, outboxCols))
+			mv.Credits += tag.RowsAffected()
 			return err
 		})
 	return err

@@ -85,11 +85,11 @@ func (c *cluster) owned(shard string) string {
 	return fmt.Sprintf("%v | %v", o.Ranges, o.Moving)
 }
 
-// rows returns the ledger rows and idempotency records a shard holds.
+// rows returns the debits and idempotency records a shard holds.
 func (c *cluster) rows(shard string) (ledger, records int) {
 	c.t.Helper()
 	err := c.pool(shard).QueryRow(context.Background(),
-		"SELECT (SELECT count(*) FROM ledger_entries), (SELECT count(*) FROM idempotency_record)").Scan(&ledger, &records)
+		"SELECT (SELECT count(*) FROM ledger_entries WHERE kind = 'transfer_out'), (SELECT count(*) FROM idempotency_record)").Scan(&ledger, &records)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -502,11 +502,12 @@ func TestCopyRangeInBatches(t *testing.T) {
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
-// testTransfer is a transfer attempt of key with keyspace id 42 (in "-80").
+// testTransfer is a transfer attempt of key with keyspace id 42 (in "-80"), to an account in
+// "80-": its credit is owed unless its shard owns both.
 func testTransfer(key string, amount int64) idem.TransferRequest {
 	return idem.TransferRequest{
 		Scope: "client-a:transfer", Key: key, RequestHash: fmt.Sprintf("hash-%d", amount),
-		KeyspaceID: 42, TransferID: "t-" + key, Client: "client-a",
+		KeyspaceID: 42, DstKeyspaceID: 0x9000000000000000, TransferID: "t-" + key, Client: "client-a",
 		Src: 1, Dst: 2, Amount: amount, Currency: "EUR", Retention: 720 * time.Hour,
 		Response: idem.Response{Status: 201, Headers: map[string]string{"Content-Type": "application/json"}, Body: fmt.Sprintf(`{"key":%q}`, key)},
 	}

@@ -39,7 +39,12 @@ type Server struct {
 	mux      *http.ServeMux // the API, and the admin endpoints unless they have their own listener
 	admin    http.Handler
 	reloadMu sync.Mutex
+	owed     func() // called when a debit leaves its credit owed; set by OnCreditOwed
 }
+
+// OnCreditOwed makes the server call f each time a debit applies and leaves its credit owed
+// (its destination lives on another shard): the relay's cue to deliver. Call it before serving.
+func (s *Server) OnCreditOwed(f func()) { s.owed = f }
 
 // New builds a Server serving topo. Metrics are registered on reg and served from it.
 func New(cfg *config.Config, topo *topology.Topology, log *slog.Logger, reg *prometheus.Registry) *Server {
@@ -51,6 +56,7 @@ func New(cfg *config.Config, topo *topology.Topology, log *slog.Logger, reg *pro
 	s.mux.HandleFunc("POST /transfers", s.postTransfer)
 	s.mux.Handle("GET /openapi.yaml", api.Handler())
 	s.mux.HandleFunc("GET /transfers/{id}", s.getTransfer)
+	s.mux.HandleFunc("GET /accounts/{id}/balance", s.getBalance)
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -80,8 +86,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 // Topology returns the topology requests are routed with now.
 func (s *Server) Topology() *topology.Topology { return s.topo.Load() }
 
-// holdTopology returns the current topology, held: its pools stay open until release.
-func (s *Server) holdTopology() *topology.Topology {
+// HoldTopology returns the current topology, held: its pools stay open until release.
+func (s *Server) HoldTopology() *topology.Topology {
 	for {
 		if t := s.topo.Load(); t.Hold() {
 			return t
@@ -104,6 +110,15 @@ type transferView struct {
 	Currency  string `json:"currency"`
 	Reference string `json:"reference,omitempty"`
 	CreatedAt string `json:"created_at,omitempty"`
+	// Credit is where the credit leg stands; absent from the 201 of POST /transfers, whose body
+	// is stored before the credit is decided.
+	Credit *creditView `json:"credit,omitempty"`
+}
+
+// creditView is the credit leg of a transfer: pending until it is in dst's ledger.
+type creditView struct {
+	State     string `json:"state"` // pending or settled
+	SettledAt string `json:"settled_at,omitempty"`
 }
 
 // TransferID derives a transfer's id from its keyspace id and idempotency scope and key: the
@@ -218,48 +233,12 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(append(body, '\n')) //nolint:errcheck // the client went away
 }
 
-func (s *Server) getTransfer(w http.ResponseWriter, r *http.Request) {
-	client, err := s.authenticate(r)
-	if err != nil {
-		challenge(w, clientRealm)
-		writeProblem(w, probUnauthorized, err.Error(), 0)
-		return
-	}
-	id := r.PathValue("id")
-	ksid, ok := parseTransferID(id)
-	if !ok {
-		writeProblem(w, probInvalidID, "a transfer id is 48 lower-case hex digits, as returned in Location", 0)
-		return
-	}
-	topo := s.holdTopology()
-	defer topo.Release()
-	shard, _ := topo.Map.ShardFor(ksid)
-	conn := topo.Shard(shard.Name)
-	if err := conn.Enter(); err != nil {
-		s.shardFailure(w, shard.Name, err, retryLater)
-		return
-	}
-	defer conn.Leave()
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ShardPool.RequestTimeout)
-	defer cancel()
-	t, err := idem.GetTransfer(ctx, conn.Pool, id, client)
-	switch {
-	case errors.Is(err, idem.ErrNotFound):
-		writeProblem(w, probNotFound, "", 0)
-	case err != nil:
-		s.shardFailure(w, shard.Name, err, retryLater)
-	default:
-		writeJSON(w, http.StatusOK, transferView{ID: t.TransferID, Src: t.Src, Dst: t.Dst, Amount: t.Amount,
-			Currency: t.Currency, Reference: t.Reference, CreatedAt: t.CreatedAt.UTC().Format(time.RFC3339Nano)})
-	}
-}
-
 // readyz is ready when a map is loaded and every shard answers within a second. With
 // ?partial=1 one reachable shard is enough: a load balancer probing that way keeps routing to
 // the healthy shards when one is down, instead of taking every router out at once (a down
 // shard's own requests get 503 anyway).
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	topo := s.holdTopology()
+	topo := s.HoldTopology()
 	defer topo.Release()
 	ctx, cancel := context.WithTimeout(r.Context(), time.Second)
 	defer cancel()

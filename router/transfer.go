@@ -189,13 +189,13 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, req idem.Transfer
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.ShardPool.RequestTimeout)
 	defer cancel()
-	topo := s.holdTopology()
+	topo := s.HoldTopology()
 	defer topo.Release()
 	shard, res, err := s.transferOn(ctx, topo, req)
 	if err == nil && res.Outcome == idem.NotOwner && res.ShardMapVersion > topo.Map.Version {
 		// The shard's ownership check is what keeps a stale router from applying anywhere.
-		if s.reloadAtLeast(res.ShardMapVersion) {
-			topo = s.holdTopology()
+		if s.ReloadAtLeast(res.ShardMapVersion) {
+			topo = s.HoldTopology()
 			defer topo.Release()
 			shard, res, err = s.transferOn(ctx, topo, req)
 		}
@@ -215,6 +215,9 @@ func (s *Server) transferOn(ctx context.Context, topo *topology.Topology, req id
 	res, err := s.groups.transfer(ctx, shard.Name, conn, req)
 	if err == nil {
 		s.replays.remember(req, res)
+		if res.Outcome == idem.Applied && !res.CreditSettled && s.owed != nil {
+			s.owed()
+		}
 	}
 	outcome := string(res.Outcome)
 	if err != nil {
@@ -224,9 +227,9 @@ func (s *Server) transferOn(ctx context.Context, topo *topology.Topology, req id
 	return shard.Name, res, err
 }
 
-// reloadAtLeast reloads the shard map unless another request already did, and reports whether
+// ReloadAtLeast reloads the shard map unless another request already did, and reports whether
 // the serving version is now at least version.
-func (s *Server) reloadAtLeast(version int64) bool {
+func (s *Server) ReloadAtLeast(version int64) bool {
 	if s.topo.Load().Map.Version < version {
 		s.Reload(s.cfg.ShardmapPath) //nolint:errcheck // Reload logs and counts its result
 	}

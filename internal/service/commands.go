@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -46,7 +47,7 @@ func Migrate(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Wr
 func applyMap(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(string) *pgxpool.Pool, out io.Writer) error {
 	moves, err := rangemove.ApplyMap(ctx, m, pool, cfg.Idempotency.PartitionInterval)
 	for _, mv := range moves {
-		fmt.Fprintf(out, "moved rows of %s from %s to %s: %d idempotency records, %d ledger rows\n", mv.Range, mv.From, mv.To, mv.Records, mv.Ledger)
+		fmt.Fprintf(out, "moved rows of %s from %s to %s: %d idempotency records, %d ledger rows, %d owed credits\n", mv.Range, mv.From, mv.To, mv.Records, mv.Ledger, mv.Credits)
 		if mv.Conflicts > 0 {
 			fmt.Fprintf(out, "warning: %d keys moved from %s were already used on %s for other requests (keys reused across shards); %s's records were kept\n",
 				mv.Conflicts, mv.From, mv.To, mv.To)
@@ -88,6 +89,9 @@ func Upkeep(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(
 			stats.Record(s.Name, rep, err)
 		}
 		fmt.Fprintf(out, "shard %s: %s\n", s.Name, describeUpkeep(rep, err))
+		if err == nil {
+			err = clearSettled(ctx, pool(s.Name), cfg.Relay.KeepSettled, s.Name, out)
+		}
 		if err != nil {
 			failed = append(failed, s.Name)
 		}
@@ -99,6 +103,19 @@ func Upkeep(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(
 		return fmt.Errorf("partition upkeep failed on %s", strings.Join(failed, ", "))
 	}
 	return nil
+}
+
+// clearSettled deletes the shard's owed-credit rows settled longer ago than keep: the credits
+// are in their shards' ledgers, which is what a transfer's status reads once the row is gone.
+func clearSettled(ctx context.Context, pool *pgxpool.Pool, keep time.Duration, shard string, out io.Writer) error {
+	n, err := idem.ClearSettled(ctx, pool, keep)
+	switch {
+	case err != nil:
+		fmt.Fprintf(out, "shard %s: %s: clearing settled credits: %v\n", shard, upkeepFailed, err)
+	case n > 0:
+		fmt.Fprintf(out, "shard %s: cleared %d settled owed-credit rows older than %s\n", shard, n, keep)
+	}
+	return err
 }
 
 // Words of upkeep's report that its log level is chosen by.
@@ -174,7 +191,7 @@ func PlanMap(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Wr
 		return err
 	}
 	for _, mv := range moves {
-		fmt.Fprintf(out, "would move %s from %s to %s: %d idempotency records, %d ledger rows\n", mv.Range, mv.From, mv.To, mv.Records, mv.Ledger)
+		fmt.Fprintf(out, "would move %s from %s to %s: %d idempotency records, %d ledger rows, %d owed credits\n", mv.Range, mv.From, mv.To, mv.Records, mv.Ledger, mv.Credits)
 	}
 	if len(moves) == 0 {
 		fmt.Fprintln(out, "no range changes owner")

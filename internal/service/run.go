@@ -39,6 +39,9 @@ func (s *Service) Run(ctx context.Context, ln net.Listener, ready func(addr stri
 	defer stopBG()
 	go s.reloadLoop(bg)
 	go s.upkeepLoop(bg)
+	if s.Relay != nil {
+		go s.Relay.Run(bg)
+	}
 
 	errc := make(chan error, 2)
 	api, err := s.serveAPI(ln, errc)

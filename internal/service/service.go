@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/relay"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardmap"
 	"github.com/shardgate/shardgate/topology"
@@ -25,6 +26,7 @@ type Service struct {
 	Config   *config.Config
 	Router   *router.Server
 	Registry *prometheus.Registry
+	Relay    *relay.Relay // nil when relay.enabled is false
 	log      *slog.Logger
 	upkeep   *idem.UpkeepCollector
 }
@@ -57,6 +59,10 @@ func New(cfg *config.Config, m *shardmap.Map, log *slog.Logger) (*Service, error
 	}
 	s.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), s.upkeep)
 	s.Router = router.New(cfg, topo, log, s.Registry)
+	if cfg.Relay.Enabled {
+		s.Relay = relay.New(cfg, s.Router, log, s.Registry)
+		s.Router.OnCreditOwed(s.Relay.Notify)
+	}
 	return s, nil
 }
 

@@ -1,0 +1,35 @@
+package relay
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the relay's series. The alert on credits owed too long
+// (deploy/prometheus/rules.yml) reads shardgate_credit_oldest_owed_age_seconds.
+type metrics struct {
+	owed       *prometheus.GaugeVec
+	oldest     *prometheus.GaugeVec
+	deliveries *prometheus.CounterVec
+	takenOver  *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		owed: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "shardgate_credits_owed",
+			Help: "Credits the shard's debits owe and the relay has not delivered yet (refreshed every relay.poll_interval).",
+		}, []string{"shard"}),
+		oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "shardgate_credit_oldest_owed_age_seconds",
+			Help: "Age of the oldest credit the shard owes, from its debit; 0 when none is owed.",
+		}, []string{"shard"}),
+		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shardgate_credit_deliveries_total",
+			Help: "Credit deliveries by destination shard and outcome: settled (written now), replayed (written by an earlier delivery), in_progress, not_owner, conflict, error.",
+		}, []string{"shard", "outcome"}),
+		takenOver: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shardgate_credit_leases_taken_over_total",
+			Help: "Owed credits claimed after another relay's lease on them ran out (that relay died or stalled), by the debit's shard.",
+		}, []string{"shard"}),
+	}
+	reg.MustRegister(m.owed, m.oldest, m.deliveries, m.takenOver)
+	return m
+}

@@ -1,0 +1,359 @@
+// Package relay delivers the credits that debits owe: every `router serve` runs one. It claims
+// owed credits on each shard (FOR UPDATE SKIP LOCKED plus a lease, so any number of router
+// replicas relay side by side and one takes over a row whose lease ran out), delivers them to
+// the shard that owns dst through the same claim path as any transfer (scope shardgate:credit,
+// key = the transfer id), and only then marks them settled on the debit's shard. A delivery
+// that committed but was never acknowledged is simply delivered again: it replays, and the
+// ledger's unique (transfer_id, kind) makes a second credit impossible in any case.
+package relay
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardgate/shardgate/config"
+	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/shardmap"
+	"github.com/shardgate/shardgate/topology"
+)
+
+// Topologies is what the relay needs of the router it runs in: the topology to route with, and
+// a reload when a shard says the router's map is older than its own.
+type Topologies interface {
+	// HoldTopology returns the current topology, held until its Release.
+	HoldTopology() *topology.Topology
+	// ReloadAtLeast reloads the shard map unless it is at version already, and reports whether
+	// it is now.
+	ReloadAtLeast(version int64) bool
+}
+
+// Relay delivers owed credits. Run it with Run; Notify makes it look at once.
+type Relay struct {
+	cfg       config.Relay
+	retention time.Duration
+	timeout   time.Duration // of one claim, delivery or settle statement
+	topos     Topologies
+	log       *slog.Logger
+	owner     string
+	wake      chan struct{}
+	metrics   *metrics
+
+	mu   sync.Mutex
+	down map[string]shardBackoff // source shards whose claims fail, by name
+}
+
+type shardBackoff struct {
+	until    time.Time
+	failures int
+}
+
+// New makes a relay for the router whose configuration is cfg; its metrics go to reg.
+func New(cfg *config.Config, topos Topologies, log *slog.Logger, reg prometheus.Registerer) *Relay {
+	return &Relay{
+		cfg: cfg.Relay, retention: cfg.Idempotency.Retention, timeout: cfg.ShardPool.RequestTimeout,
+		topos: topos, log: log, owner: ownerID(), wake: make(chan struct{}, 1),
+		metrics: newMetrics(reg), down: map[string]shardBackoff{},
+	}
+}
+
+// ownerID names this relay in the leases it takes: host, process and a random part, so that two
+// relays never share a name.
+func ownerID() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	crand.Read(b) //nolint:errcheck // crypto/rand.Read never fails
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b))
+}
+
+// Notify tells the relay that a credit became owed; it never blocks, and notifications that
+// arrive during a pass make one more pass.
+func (r *Relay) Notify() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run delivers until ctx ends: a pass over every shard on each notification and every
+// relay.poll_interval, the latter also refreshing the owed-credit gauges.
+func (r *Relay) Run(ctx context.Context) {
+	tick := time.NewTicker(r.cfg.PollInterval)
+	defer tick.Stop()
+	for {
+		stats := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.wake:
+		case <-tick.C:
+			stats = true
+		}
+		r.Pass(ctx)
+		if stats {
+			r.Observe(ctx)
+		}
+	}
+}
+
+// Pass claims and delivers what every shard owes now, until each has nothing due, and returns
+// how many credits it settled.
+func (r *Relay) Pass(ctx context.Context) int {
+	topo := r.topos.HoldTopology()
+	defer topo.Release()
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		settled int
+	)
+	for _, sh := range topo.Map.Shards {
+		if !r.due(sh.Name) {
+			continue
+		}
+		wg.Go(func() {
+			n := r.drain(ctx, topo, sh.Name)
+			mu.Lock()
+			settled += n
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return settled
+}
+
+// drain delivers source's owed credits, a claim of relay.batch at a time, until a claim comes
+// back short.
+func (r *Relay) drain(ctx context.Context, topo *topology.Topology, source string) int {
+	settled := 0
+	for ctx.Err() == nil {
+		credits, err := r.claim(ctx, topo, source)
+		if err != nil {
+			r.shardFailed(topo, source, "claim owed credits", err)
+			return settled
+		}
+		r.shardOK(source)
+		settled += r.deliver(ctx, topo, source, credits)
+		if len(credits) < r.cfg.Batch {
+			break
+		}
+	}
+	return settled
+}
+
+func (r *Relay) claim(ctx context.Context, topo *topology.Topology, source string) ([]idem.OwedCredit, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	credits, err := idem.ClaimCredits(ctx, topo.Pool(source), r.owner, r.cfg.Batch, r.cfg.Lease)
+	for _, c := range credits {
+		if c.TakenOver {
+			r.metrics.takenOver.WithLabelValues(source).Inc()
+		}
+	}
+	return credits, err
+}
+
+// deliver sends credits, claimed on source, to the shards that own their dst, a group per
+// destination, and returns how many it settled.
+func (r *Relay) deliver(ctx context.Context, topo *topology.Topology, source string, credits []idem.OwedCredit) int {
+	byDest := map[string][]idem.OwedCredit{}
+	for _, c := range credits {
+		dest, _ := topo.Map.ShardFor(shardmap.KeyspaceID(c.Dst))
+		byDest[dest.Name] = append(byDest[dest.Name], c)
+	}
+	settled := 0
+	for dest, group := range byDest {
+		settled += r.deliverTo(ctx, topo, source, dest, group)
+	}
+	return settled
+}
+
+// deliverTo delivers group to dest in one statement, then settles on source what landed and
+// defers the rest.
+func (r *Relay) deliverTo(ctx context.Context, topo *topology.Topology, source, dest string, group []idem.OwedCredit) int {
+	results, err := r.send(ctx, topo, dest, group)
+	if err != nil {
+		r.metrics.deliveries.WithLabelValues(dest, "error").Add(float64(len(group)))
+		r.log.Warn("credit delivery failed; the credits stay owed and are retried with backoff",
+			"from", source, "to", dest, "credits", len(group), "err", scrub(topo, err))
+		r.reschedule(ctx, topo, source, ids(group), "deliver to "+dest+": "+scrub(topo, err))
+		return 0
+	}
+	var landed []string
+	retry := map[string][]string{} // reason → transfer ids
+	newer := int64(0)
+	for i, res := range results {
+		c := group[i]
+		label := string(res.Outcome)
+		switch res.Outcome {
+		case idem.Applied:
+			label = "settled"
+			landed = append(landed, c.TransferID)
+		case idem.Replayed, idem.Expired, idem.RecordMissing:
+			// The credit is in dst's ledger already: an earlier delivery committed.
+			label = "replayed"
+			landed = append(landed, c.TransferID)
+		case idem.InProgress:
+			retry["another delivery of this credit is in flight"] = append(retry["another delivery of this credit is in flight"], c.TransferID)
+		case idem.NotOwner:
+			newer = max(newer, res.ShardMapVersion)
+			reason := fmt.Sprintf("shard %s does not own dst (its map version %d, the relay's %d)", dest, res.ShardMapVersion, topo.Map.Version)
+			retry[reason] = append(retry[reason], c.TransferID)
+		case idem.KeyReused:
+			label = "conflict"
+			r.log.Error("CREDIT CONFLICT: dst's shard holds a different credit under this transfer id; the credit stays owed, run `router reconcile`",
+				"from", source, "to", dest, "transfer_id", c.TransferID)
+			retry["a different credit holds this transfer id"] = append(retry["a different credit holds this transfer id"], c.TransferID)
+		}
+		r.metrics.deliveries.WithLabelValues(dest, label).Inc()
+	}
+	if newer > topo.Map.Version {
+		r.topos.ReloadAtLeast(newer)
+	}
+	for reason, ids := range retry {
+		r.reschedule(ctx, topo, source, ids, reason)
+	}
+	return r.settle(ctx, topo, source, dest, landed)
+}
+
+// send runs the credit legs of group on dest, as one group.
+func (r *Relay) send(ctx context.Context, topo *topology.Topology, dest string, group []idem.OwedCredit) ([]idem.TransferResult, error) {
+	conn := topo.Shard(dest)
+	if err := conn.Enter(); err != nil {
+		return nil, err
+	}
+	defer conn.Leave()
+	reqs := make([]idem.TransferRequest, len(group))
+	for i, c := range group {
+		reqs[i] = idem.CreditRequest(c, shardmap.KeyspaceID(c.Dst), r.retention)
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	res, err := idem.TransferBatch(ctx, conn.Pool, reqs)
+	var pgErr *pgconn.PgError
+	if err != nil && errors.As(err, &pgErr) && len(reqs) > 1 {
+		// The group committed nothing: send each alone, so one bad credit cannot hold up the rest.
+		res = make([]idem.TransferResult, len(reqs))
+		for i := range reqs {
+			if res[i], err = idem.Transfer(ctx, conn.Pool, reqs[i]); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return res, err
+}
+
+// settle marks landed (credits now in dest's ledger) settled on source, at their time in dest's
+// ledger, and returns how many. If this fails the leases run out and the credits are delivered
+// again: they replay.
+func (r *Relay) settle(ctx context.Context, topo *topology.Topology, source, dest string, landed []string) int {
+	if len(landed) == 0 {
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	times, err := idem.CreditTimes(ctx, topo.Pool(dest), landed)
+	if err == nil {
+		err = idem.SettleCredits(ctx, topo.Pool(source), times)
+	}
+	if err != nil {
+		r.log.Warn("credits delivered but not marked settled; they will be delivered again and replay",
+			"from", source, "to", dest, "credits", len(landed), "err", scrub(topo, err))
+		return 0
+	}
+	return len(times)
+}
+
+// reschedule gives back the leases of ids on source with reason, each due again after its backoff.
+func (r *Relay) reschedule(ctx context.Context, topo *topology.Topology, source string, ids []string, reason string) {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	if err := idem.DeferCredits(ctx, topo.Pool(source), r.owner, ids, reason, idem.Backoff{Base: r.cfg.BackoffBase, Max: r.cfg.BackoffMax}); err != nil {
+		// The leases run out instead; the credits are claimed again then.
+		r.log.Warn("could not reschedule owed credits", "shard", source, "err", scrub(topo, err))
+	}
+}
+
+func ids(group []idem.OwedCredit) []string {
+	out := make([]string, len(group))
+	for i, c := range group {
+		out[i] = c.TransferID
+	}
+	return out
+}
+
+// due reports whether source may be tried now: a shard whose claims failed waits out its
+// backoff.
+func (r *Relay) due(source string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return time.Now().After(r.down[source].until)
+}
+
+// shardFailed backs source off: relay.backoff_base doubled per consecutive failure, at most
+// relay.backoff_max, with jitter.
+func (r *Relay) shardFailed(topo *topology.Topology, source, what string, err error) {
+	r.mu.Lock()
+	b := r.down[source]
+	b.failures++
+	wait := backoff(r.cfg.BackoffBase, r.cfg.BackoffMax, b.failures)
+	b.until = time.Now().Add(wait)
+	r.down[source] = b
+	r.mu.Unlock()
+	r.log.Warn("relay: shard unavailable; its owed credits wait", "shard", source, "what", what,
+		"retry_in", wait.Round(time.Millisecond).String(), "err", scrub(topo, err))
+}
+
+func (r *Relay) shardOK(source string) {
+	r.mu.Lock()
+	delete(r.down, source)
+	r.mu.Unlock()
+}
+
+// backoff is base·2^(n-1), at most max, scaled by a random factor in [0.5, 1.5).
+func backoff(base, limit time.Duration, n int) time.Duration {
+	d := base
+	for i := 1; i < n && d < limit; i++ {
+		d *= 2
+	}
+	d = min(d, limit)
+	return time.Duration(float64(d) * (0.5 + rand.Float64()))
+}
+
+// Observe refreshes the owed-credit gauges of every shard of the current map.
+func (r *Relay) Observe(ctx context.Context) {
+	topo := r.topos.HoldTopology()
+	defer topo.Release()
+	for _, sh := range topo.Map.Shards {
+		ctx, cancel := context.WithTimeout(ctx, r.timeout)
+		owed, oldest, err := idem.OwedStats(ctx, topo.Pool(sh.Name))
+		cancel()
+		if err != nil {
+			continue // the shard is down: its gauges keep their last values
+		}
+		r.metrics.owed.WithLabelValues(sh.Name).Set(float64(owed))
+		age := 0.0
+		if owed > 0 {
+			age = time.Since(oldest).Seconds()
+		}
+		r.metrics.oldest.WithLabelValues(sh.Name).Set(age)
+	}
+}
+
+// scrub is err's text with every shard's password masked: connection errors may quote a DSN.
+func scrub(topo *topology.Topology, err error) string {
+	text := err.Error()
+	for _, sh := range topo.Map.Shards {
+		text = sh.Scrub(text)
+	}
+	return text
+}
