@@ -58,13 +58,13 @@ type TransferRequest struct {
 	// DstKeyspaceID is a debit's keyspace id of Dst: when the debit's shard owns it too, the
 	// credit is written in the debit's transaction instead of being owed. Unused for a credit.
 	DstKeyspaceID uint64
-	TransferID  string
-	Client      string
-	Src, Dst    int64
-	Amount      int64
-	Currency    string
-	Reference   string // empty means none
-	Response    Response
+	TransferID    string
+	Client        string
+	Src, Dst      int64
+	Amount        int64
+	Currency      string
+	Reference     string // empty means none
+	Response      Response
 	// Retention is how long keys are kept: the shard concludes Expired only for a debit older
 	// than this, and RecordMissing for a younger one without its record.
 	Retention time.Duration
