@@ -112,14 +112,15 @@ type tableCounts struct {
 }
 
 // wants is what a phase of row r that counted txns transactions must add to the tables: a
-// new-key transfer one ledger row and one record, an anchor transaction one row in each of its
-// tables, a replay or the floor nothing.
+// new-key transfer two ledger rows (its debit, and its credit, written in the same transaction
+// because the one bench shard owns dst too) and one record, an anchor transaction one row in each
+// of its tables, a replay or the floor nothing.
 func (r row) wants(txns int64) tableCounts {
 	switch r {
 	case anchorRow:
 		return tableCounts{anchorLedger: txns, anchorKeys: txns}
 	case functionRow, routerNewRow, routerOffRow:
-		return tableCounts{ledger: txns, records: txns}
+		return tableCounts{ledger: 2 * txns, records: txns}
 	}
 	return tableCounts{}
 }

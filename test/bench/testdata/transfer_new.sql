@@ -1,6 +1,7 @@
 -- pgbench script: one new transfer per transaction, through the statement the router sends
--- (idem.Transfer: SELECT outcome, stored_response, shard_map_version FROM shardgate_transfer(...),
--- the 13-argument function of migration 0002), with the router's argument shapes. Set with -D by
+-- (idem.Transfer: SELECT ... FROM shardgate_apply_batch(...), migration 0004, with arrays of one
+-- item), with the router's argument shapes. The one bench shard owns the whole keyspace, so dst
+-- is on the debit's shard and the credit is written in the same transaction, as the router's is. Set with -D by
 -- the benchmark: scope, client, request_hash, currency, response (a response the router stored,
 -- so the same size), retention (the router's configured one, as an interval) and n: the number
 -- of this script's earlier runs times 16777216 (runStride), where this run's count starts.
@@ -15,6 +16,9 @@
 \set src random(1, 1000000)
 \set dst :src + 1
 \set keyspace hash(:src)
+\set dstkeyspace hash(:dst)
 \set amount random(1, 100000)
-SELECT outcome, stored_response, shard_map_version
-FROM shardgate_transfer(:scope, lpad(:k, 26, '0'), :request_hash, :keyspace, lpad(:k, 48, '0'), :client, :src, :dst, :amount, :currency, NULL, :response, :retention);
+SELECT idx, outcome, stored_response, shard_map_version, credit_settled
+FROM shardgate_apply_batch(ARRAY['transfer_out'], ARRAY[:scope], ARRAY[lpad(:k, 26, '0')], ARRAY[:request_hash], ARRAY[:keyspace::bigint],
+     ARRAY[lpad(:k, 48, '0')], ARRAY[:client], ARRAY[:src::bigint], ARRAY[:dst::bigint], ARRAY[:dstkeyspace::bigint],
+     ARRAY[:amount::bigint], ARRAY[:currency], ARRAY[NULL::text], ARRAY[:response::jsonb], :retention);
