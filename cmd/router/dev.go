@@ -68,7 +68,7 @@ func dev(ctx context.Context, args []string, out io.Writer, log *slog.Logger) er
 		return err
 	}
 	return serveOn(ctx, ln, cfg, m, log, func(addr string) {
-		fmt.Fprintf(out, devBanner, sb.path("router.yaml"), sb.path("shardmap.yaml"), addr, addr, addr, sb.path("shardmap.yaml"), sb.path("router.yaml"))
+		fmt.Fprintf(out, devBanner, sb.path("router.yaml"), sb.path("shardmap.yaml"), addr, addr, addr, addr, addr, sb.path("shardmap.yaml"), sb.path("router.yaml"))
 	})
 }
 
@@ -173,6 +173,8 @@ shardgate dev sandbox is up (config: %s, shard map: %s). Try:
     -d '{"src": 8842, "dst": 1190, "amount": 2500}'
 
 Run it twice: the second answer is the first replayed (Idempotent-Replayed: true).
+Balances (the credit reaches 1190 once the relay delivers it; GET the Location to see it settle):
+  curl -s http://%s/accounts/8842/balance; curl -s http://%s/accounts/1190/balance
 Route of an account: curl -s 'http://%s/admin/route?account=8842'   Metrics: http://%s/metrics
 To move a range: edit %s (give the range to another shard, raise version; write the
 file by rename or save it whole), then run 'router shardmap apply --config %s'. Between
