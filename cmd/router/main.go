@@ -30,6 +30,8 @@ commands:
   shardmap diff OLD NEW                  show what changes between two maps
   shardmap apply --config router.yaml [--dry-run]
                                          make the shards own the map's ranges (revoke, move rows, grant)
+  reconcile --config router.yaml [--older-than 1h]
+                                         read-only check that the shards' ledgers add up (exit status 1 if not)
   dev [--shards N] [--listen ADDR] [--dir DIR]
                                          local sandbox: PostgreSQL shards as local processes, migrated, served;
                                          with --dir the sandbox (data and edited shard map) is kept across runs
@@ -82,6 +84,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 			return service.Maintain(ctx, cfg, m, stdout)
 		}, func(fs *flag.FlagSet) { fs.BoolVar(&once, "once", false, "run one pass and exit") })
+	case "reconcile":
+		err = reconcileCommand(ctx, rest, stdout)
 	case "dev":
 		err = dev(ctx, rest, stdout, log)
 	case "version", "--version":
