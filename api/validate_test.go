@@ -11,7 +11,15 @@ import (
 const (
 	transferID = "1d65d16c18855fc71604d62cd89294d7da18490cdc8316fa"
 	created    = `{"id":"` + transferID + `","src":8842,"dst":1190,"amount":2500,"currency":"EUR"}` + "\n"
+	// read is the answer to GET /transfers/{id} without its credit, which readCredit adds.
+	read    = `{"id":"` + transferID + `","src":8842,"dst":1190,"amount":2500,"currency":"EUR","created_at":"2026-12-02T13:35:02.656619Z"`
+	balance = `{"account":8842,"balances":[{"currency":"EUR","balance":-500,"credits":0,"debits":500,"pending_out":500}]}`
 )
+
+// readCredit is the answer to GET /transfers/{id} with credit as its credit member.
+func readCredit(credit string) string { return read + `,"credit":` + credit + "}\n" }
+
+var jsonHeader = map[string]string{"Content-Type": "application/json"}
 
 // answer is a hand-built response to check.
 type answer struct {
@@ -49,9 +57,25 @@ var answers = []answer{
 		header: problemHeader("WWW-Authenticate", `Bearer realm="shardgate"`), body: problemBody("unauthorized", 401)},
 	{name: "shard unavailable", method: "POST", target: "/transfers", status: 503, valid: true,
 		header: problemHeader("Retry-After", "2"), body: problemBody("shard-unavailable", 503)},
-	{name: "get transfer", method: "GET", target: "/transfers/" + transferID, status: 200, valid: true,
-		header: map[string]string{"Content-Type": "application/json"},
-		body:   `{"id":"` + transferID + `","src":8842,"dst":1190,"amount":2500,"currency":"EUR","created_at":"2026-12-02T13:35:02.656619Z"}`},
+	{name: "get transfer, credit pending", method: "GET", target: "/transfers/" + transferID, status: 200, valid: true,
+		header: jsonHeader, body: readCredit(`{"state":"pending"}`)},
+	{name: "get transfer, credit settled", method: "GET", target: "/transfers/" + transferID, status: 200, valid: true,
+		header: jsonHeader, body: readCredit(`{"state":"settled","settled_at":"2026-12-02T13:35:02.912044Z"}`)},
+	{name: "get transfer, internal error", method: "GET", target: "/transfers/" + transferID, status: 500, valid: true,
+		header: problemHeader(), body: problemBody("internal-error", 500)},
+	{name: "balance", method: "GET", target: "/accounts/8842/balance", status: 200, valid: true, header: jsonHeader, body: balance},
+	{name: "balance of an account without rows", method: "GET", target: "/accounts/-3/balance", status: 200, valid: true,
+		header: jsonHeader, body: `{"account":-3,"balances":[]}`},
+	{name: "balance, invalid account", method: "GET", target: "/accounts/x/balance", status: 400, valid: true,
+		header: problemHeader(), body: problemBody("invalid-account", 400)},
+	{name: "balance, unauthorized", method: "GET", target: "/accounts/8842/balance", status: 401, valid: true,
+		header: problemHeader("WWW-Authenticate", `Bearer realm="shardgate"`), body: problemBody("unauthorized", 401)},
+	{name: "balance, range moving", method: "GET", target: "/accounts/8842/balance", status: 503, valid: true,
+		header: problemHeader("Retry-After", "1"), body: problemBody("shard-map-changing", 503)},
+	{name: "balance, shard busy", method: "GET", target: "/accounts/8842/balance", status: 503, valid: true,
+		header: problemHeader("Retry-After", "1"), body: problemBody("shard-busy", 503)},
+	{name: "balance, internal error", method: "GET", target: "/accounts/8842/balance", status: 500, valid: true,
+		header: problemHeader(), body: problemBody("internal-error", 500)},
 	{name: "record missing", method: "POST", target: "/transfers", status: 503, valid: true,
 		header: problemHeader("Retry-After", "1"), body: problemBody("idempotency-record-missing", 503)},
 	{name: "not ready", method: "GET", target: "/readyz?partial=1", status: 503, valid: true,
@@ -84,8 +108,26 @@ var answers = []answer{
 	{name: "undocumented status", method: "POST", target: "/transfers", status: 418, why: "status",
 		header: problemHeader(), body: problemBody("internal-error", 418)},
 	{name: "undocumented operation", method: "DELETE", target: "/transfers/" + transferID, status: 204, why: "not an operation"},
-	{name: "balance, not served yet", method: "GET", target: "/accounts/8842/balance", status: 200, why: "not an operation",
-		header: map[string]string{"Content-Type": "application/json"}, body: `{"account":8842,"balances":[]}`},
+	{name: "get transfer without its credit", method: "GET", target: "/transfers/" + transferID, status: 200, why: "credit",
+		header: jsonHeader, body: read + "}\n"},
+	{name: "credit in an unknown state", method: "GET", target: "/transfers/" + transferID, status: 200, why: "state",
+		header: jsonHeader, body: readCredit(`{"state":"delivered"}`)},
+	{name: "settled credit without settled_at", method: "GET", target: "/transfers/" + transferID, status: 200, why: "settled_at",
+		header: jsonHeader, body: readCredit(`{"state":"settled"}`)},
+	{name: "pending credit with settled_at", method: "GET", target: "/transfers/" + transferID, status: 200, why: "settled_at",
+		header: jsonHeader, body: readCredit(`{"state":"pending","settled_at":"2026-12-02T13:35:02.912044Z"}`)},
+	{name: "balance without pending_out", method: "GET", target: "/accounts/8842/balance", status: 200, why: "pending_out",
+		header: jsonHeader, body: strings.Replace(balance, `,"pending_out":500`, "", 1)},
+	{name: "balance as a string", method: "GET", target: "/accounts/8842/balance", status: 200, why: "balance",
+		header: jsonHeader, body: strings.Replace(balance, `"balance":-500`, `"balance":"-500"`, 1)},
+	{name: "balance, storage not ready", method: "GET", target: "/accounts/8842/balance", status: 503, why: "type",
+		header: problemHeader("Retry-After", "1"), body: problemBody("storage-not-ready", 503)},
+	{name: "balance, 503 without Retry-After", method: "GET", target: "/accounts/8842/balance", status: 503, why: "Retry-After",
+		header: problemHeader(), body: problemBody("shard-busy", 503)},
+	{name: "balance, not found", method: "GET", target: "/accounts/8842/balance", status: 404, why: "status",
+		header: problemHeader(), body: problemBody("transfer-not-found", 404)},
+	{name: "undocumented account operation", method: "GET", target: "/accounts/8842", status: 200, why: "not an operation",
+		header: jsonHeader, body: `{}`},
 	{name: "record missing on a read", method: "GET", target: "/transfers/" + transferID, status: 503, why: "type",
 		header: problemHeader("Retry-After", "1"), body: problemBody("idempotency-record-missing", 503)},
 }

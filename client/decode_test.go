@@ -30,8 +30,8 @@ func TestSendReportsReplay(t *testing.T) {
 
 func TestTransferRecordDecodesNewFieldsLeniently(t *testing.T) {
 	const body = `{"id":"ab","src":1,"dst":2,"amount":3,"currency":"EUR","reference":"r",
-		"created_at":"2026-12-02T13:35:02.656619Z","status":"settled","settled_at":"2026-12-02T13:35:03Z",
-		"credit_shard":"shard-1","legs":[1,2]}`
+		"created_at":"2026-12-02T13:35:02.656619Z","credit":{"state":"settled","settled_at":"2026-12-02T13:35:03Z","leg":"in"},
+		"status":"settled","settled_at":"2026-12-02T13:35:03Z","credit_shard":"shard-1","legs":[1,2]}`
 	var rec TransferRecord
 	if err := json.Unmarshal([]byte(body), &rec); err != nil {
 		t.Fatal(err)
@@ -39,14 +39,51 @@ func TestTransferRecordDecodesNewFieldsLeniently(t *testing.T) {
 	if rec.ID != "ab" || rec.Reference != "r" || !rec.CreatedAt.Equal(time.Date(2026, 12, 2, 13, 35, 2, 656619000, time.UTC)) {
 		t.Errorf("record %+v", rec)
 	}
-	// status and settled_at are not served yet: until this package knows them, they are extra.
+	if rec.Credit == nil || rec.Credit.State != CreditSettled || !rec.Credit.SettledAt.Equal(time.Date(2026, 12, 2, 13, 35, 3, 0, time.UTC)) {
+		t.Errorf("credit %+v", rec.Credit)
+	}
+	// Top-level status and settled_at are not served: until this package knows them, they are
+	// extra, like any other new field.
 	if len(rec.Extra) != 4 || string(rec.Extra["credit_shard"]) != `"shard-1"` || string(rec.Extra["legs"]) != `[1,2]` ||
 		string(rec.Extra["status"]) != `"settled"` || string(rec.Extra["settled_at"]) != `"2026-12-02T13:35:03Z"` {
 		t.Errorf("extra fields %v", rec.Extra)
 	}
 	rec = TransferRecord{}
-	if err := json.Unmarshal([]byte(`{"id":"ab","src":1,"dst":2,"amount":3,"currency":"EUR"}`), &rec); err != nil || rec.Extra != nil || !rec.CreatedAt.IsZero() {
+	if err := json.Unmarshal([]byte(`{"id":"ab","src":1,"dst":2,"amount":3,"currency":"EUR"}`), &rec); err != nil || rec.Extra != nil ||
+		!rec.CreatedAt.IsZero() || rec.Credit != nil {
 		t.Errorf("a record without new fields: %+v, %v", rec, err)
+	}
+	// A state this package does not know is kept, not refused.
+	rec = TransferRecord{}
+	if err := json.Unmarshal([]byte(`{"id":"ab","src":1,"dst":2,"amount":3,"currency":"EUR","credit":{"state":"reversed"}}`), &rec); err != nil ||
+		rec.Credit == nil || rec.Credit.State != "reversed" || !rec.Credit.SettledAt.IsZero() {
+		t.Errorf("a credit in a new state: %+v, %v", rec.Credit, err)
+	}
+}
+
+// TestTransferRecordRoundTrips checks that a record stored as JSON (a receipt kept with its
+// operation, say) reads back the same, credit included, and that a receipt's record has none.
+func TestTransferRecordRoundTrips(t *testing.T) {
+	for _, rec := range []TransferRecord{
+		{ID: "ab", Src: 1, Dst: 2, Amount: 3, Currency: "EUR"},
+		{ID: "ab", Src: 1, Dst: 2, Amount: 3, Currency: "EUR", CreatedAt: time.Date(2026, 12, 2, 13, 35, 2, 0, time.UTC),
+			Credit: &Credit{State: CreditSettled, SettledAt: time.Date(2026, 12, 2, 13, 35, 3, 0, time.UTC)}},
+	} {
+		b, err := json.Marshal(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Credit == nil && strings.Contains(string(b), "credit") {
+			t.Errorf("%s: a record without credit encodes one", b)
+		}
+		var back TransferRecord
+		if err := json.Unmarshal(b, &back); err != nil {
+			t.Fatal(err)
+		}
+		if back.ID != rec.ID || !back.CreatedAt.Equal(rec.CreatedAt) || (back.Credit == nil) != (rec.Credit == nil) ||
+			rec.Credit != nil && (back.Credit.State != rec.Credit.State || !back.Credit.SettledAt.Equal(rec.Credit.SettledAt)) || back.Extra != nil {
+			t.Errorf("%s read back as %+v", b, back)
+		}
 	}
 }
 

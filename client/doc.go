@@ -44,5 +44,15 @@
 // reconcile by other means) match with errors.Is; every answer of the server that is an error
 // is a [*Problem] (RFC 9457) for errors.As.
 //
+// # Reads: where the money is
+//
+// A transfer is two legs: the debit of Src, applied by Send, and the credit of Dst, which the
+// server delivers to the shard that owns Dst afterwards — at once when both accounts live on one
+// shard, normally within a second otherwise, and only once that shard is reachable when it is
+// down. [Client.GetTransfer] reports the credit's state ([CreditPending], then [CreditSettled]);
+// the receipt of Send does not. [Client.Balance] reads an account's balance per currency from
+// its own shard: money it sent whose credit is still on its way is in PendingOut, and money on
+// its way to it is not in its balance until delivered. Reads are retried like transfers.
+//
 // The HTTP API is described by api/openapi.yaml, which this package follows.
 package client

@@ -53,6 +53,27 @@ func Example() {
 	// applied 2500 EUR from 8842 to 1190 (replayed: true, attempts: 1)
 }
 
+// The payer's balance right after a transfer to an account on another shard: the money has
+// left it (debits) and is still on its way (pending_out) until the router delivers the credit.
+func ExampleClient_Balance() {
+	router := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"account":8842,"balances":[{"currency":"EUR","balance":-2500,"credits":0,"debits":2500,"pending_out":2500}]}`)
+	}))
+	defer router.Close()
+	c, err := client.New(router.URL, client.WithToken("token-a"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	b, err := c.Balance(context.Background(), 8842)
+	if err != nil {
+		log.Fatal(err)
+	}
+	eur, _ := b.In("EUR")
+	fmt.Printf("account %d: balance %d EUR; %d EUR sent is not delivered yet\n", b.Account, eur.Balance, eur.PendingOut)
+	// Output: account 8842: balance -2500 EUR; 2500 EUR sent is not delivered yet
+}
+
 func report(rc *client.Receipt, err error) {
 	var unknown *client.UnknownOutcomeError
 	switch {

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"sync"
@@ -95,9 +96,9 @@ func newClient(t *testing.T, policy client.RetryPolicy) (*client.Client, *confor
 	return c, conf, env
 }
 
-// accountOn returns an account that shard owns.
-func accountOn(env *shardgatetest.Env, shard string) int64 {
-	for a := int64(1); ; a++ {
+// accountOn returns the first account after after that shard owns.
+func accountOn(env *shardgatetest.Env, shard string, after int64) int64 {
+	for a := after + 1; ; a++ {
 		if env.ShardOf(a).Name() == shard {
 			return a
 		}
@@ -220,7 +221,7 @@ func TestIntegrationConcurrentSends(t *testing.T) {
 func TestIntegrationShardOutage(t *testing.T) {
 	c, _, env := newClient(t, client.DefaultRetryPolicy())
 	shard := env.Shards[0]
-	src := accountOn(env, shard.Name())
+	src := accountOn(env, shard.Name(), 0)
 	op := client.NewTransfer(src, src+1, 700, "EUR")
 	ctx := context.Background()
 	if err := shard.Stop(ctx); err != nil {
@@ -259,6 +260,109 @@ func TestIntegrationShardOutage(t *testing.T) {
 	}
 }
 
+// eur returns account's EUR position.
+func eur(t *testing.T, c *client.Client, account int64) client.CurrencyBalance {
+	t.Helper()
+	b, err := c.Balance(context.Background(), account)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Account != account {
+		t.Fatalf("asked for the balance of %d, got %d's", account, b.Account)
+	}
+	cb, _ := b.In("EUR")
+	return cb
+}
+
+// awaitSettled reads transfer id until its credit is settled, and returns it then.
+func awaitSettled(t *testing.T, c *client.Client, id string, within time.Duration) *client.TransferRecord {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	for {
+		rec, err := c.GetTransfer(ctx, id)
+		switch {
+		case err != nil:
+			t.Fatalf("reading %s while waiting for its credit: %v", id, err)
+		case rec.Credit == nil:
+			t.Fatalf("GET /transfers/%s has no credit", id)
+		case rec.Credit.State == client.CreditSettled:
+			return rec
+		case rec.Credit.State != client.CreditPending:
+			t.Fatalf("credit in state %q", rec.Credit.State)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the credit of %s is still pending after %s: is the relay running?", id, within)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// TestIntegrationBalanceAndCredit follows a transfer between accounts of the two shards: the
+// debit is in src's balance at once, its credit pending until the relay (running in the
+// router) delivers it, then settled and in dst's balance. A transfer within one shard is
+// settled at once. Accounts above 10⁶ are this test's own, so the deltas are exact.
+func TestIntegrationBalanceAndCredit(t *testing.T) {
+	c, _, env := newClient(t, client.DefaultRetryPolicy())
+	ctx := context.Background()
+	src := accountOn(env, env.Shards[0].Name(), 1_000_000)
+	dst := accountOn(env, env.Shards[1].Name(), 1_000_000)
+	srcBefore, dstBefore := eur(t, c, src), eur(t, c, dst)
+
+	rc, err := c.Send(ctx, client.NewTransfer(src, dst, 700, "EUR"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc.Transfer.Credit != nil {
+		t.Errorf("the 201 of POST /transfers carries a credit: %+v", rc.Transfer.Credit)
+	}
+	mid := eur(t, c, src)
+	if mid.Debits != srcBefore.Debits+700 || mid.Balance != srcBefore.Balance-700 ||
+		mid.PendingOut != srcBefore.PendingOut && mid.PendingOut != srcBefore.PendingOut+700 {
+		t.Errorf("src after the debit: %+v, before %+v", mid, srcBefore)
+	}
+	rec, err := c.GetTransfer(ctx, rc.Transfer.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Credit == nil || rec.Credit.State != client.CreditPending && rec.Credit.State != client.CreditSettled {
+		t.Fatalf("credit right after the debit: %+v", rec.Credit)
+	}
+	rec = awaitSettled(t, c, rc.Transfer.ID, 30*time.Second)
+	if rec.Credit.SettledAt.Before(rec.CreatedAt) {
+		t.Errorf("credit settled at %s, before its debit at %s", rec.Credit.SettledAt, rec.CreatedAt)
+	}
+	wantSrc := client.CurrencyBalance{Currency: "EUR", Balance: srcBefore.Balance - 700, Credits: srcBefore.Credits,
+		Debits: srcBefore.Debits + 700, PendingOut: srcBefore.PendingOut}
+	wantDst := client.CurrencyBalance{Currency: "EUR", Balance: dstBefore.Balance + 700, Credits: dstBefore.Credits + 700,
+		Debits: dstBefore.Debits, PendingOut: dstBefore.PendingOut}
+	if got := eur(t, c, src); got != wantSrc {
+		t.Errorf("src once settled: %+v, want %+v", got, wantSrc)
+	}
+	if got := eur(t, c, dst); got != wantDst {
+		t.Errorf("dst once settled: %+v, want %+v", got, wantDst)
+	}
+
+	near := accountOn(env, env.Shards[0].Name(), src)
+	nearBefore := eur(t, c, near)
+	rc, err = c.Send(ctx, client.NewTransfer(src, near, 100, "EUR"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, err = c.GetTransfer(ctx, rc.Transfer.ID); err != nil || rec.Credit == nil || rec.Credit.State != client.CreditSettled || rec.Credit.SettledAt.IsZero() {
+		t.Errorf("a transfer within one shard: %+v, %v; want its credit settled at once", rec, err)
+	}
+	if got := eur(t, c, near); got.Credits != nearBefore.Credits+100 || got.Balance != nearBefore.Balance+100 {
+		t.Errorf("same-shard dst: %+v, before %+v", got, nearBefore)
+	}
+
+	b, err := c.Balance(ctx, math.MinInt64)
+	if err != nil || b.Account != math.MinInt64 || b.Balances == nil || len(b.Balances) != 0 {
+		t.Errorf("an account without ledger rows: %+v, %v; want no balances", b, err)
+	}
+}
+
 func TestIntegrationProbes(t *testing.T) {
 	c, _, _ := newClient(t, client.DefaultRetryPolicy())
 	if err := c.Healthz(context.Background()); err != nil {
@@ -294,6 +398,9 @@ func TestIntegrationDocumentMatchesRouter(t *testing.T) {
 		{"GET", "/admin/shardmap", "", "", "", false, 200},
 		{"GET", "/admin/route?account=8842", "", "", "", false, 200},
 		{"GET", "/admin/route?account=x", "", "", "", false, 400},
+		{"GET", "/accounts/x/balance", "", "", "", true, 400},
+		{"GET", "/accounts/99999999999999999999/balance", "", "", "", true, 400},
+		{"GET", "/accounts/8842/balance", "", "", "", false, 401},
 	} {
 		req, err := http.NewRequest(r.method, env.URL+r.path, bytes.NewReader([]byte(r.body)))
 		if err != nil {

@@ -47,8 +47,7 @@ func (t Transfer) body() []byte {
 	return b
 }
 
-// TransferRecord is a transfer as the API describes it. Fields the server adds later (the
-// state of the transfer's credit leg, say, which the server does not report yet) are kept in
+// TransferRecord is a transfer as the API describes it. Fields the server adds later are kept in
 // Extra rather than refused.
 type TransferRecord struct {
 	ID        string `json:"id"`
@@ -59,6 +58,9 @@ type TransferRecord struct {
 	Reference string `json:"reference,omitempty"`
 	// CreatedAt is set by GET /transfers/{id}; the answer to POST /transfers does not carry it.
 	CreatedAt time.Time `json:"created_at,omitzero"`
+	// Credit is where the transfer's credit leg stands, set by GET /transfers/{id}; the answer
+	// to POST /transfers is stored before the credit is decided and does not carry it (nil).
+	Credit *Credit `json:"credit,omitempty"`
 	// Extra holds the fields of the answer this version of the package does not know.
 	Extra map[string]json.RawMessage `json:"-"`
 }
@@ -73,7 +75,7 @@ func (r *TransferRecord) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &all); err != nil {
 		return err
 	}
-	for _, known := range []string{"id", "src", "dst", "amount", "currency", "reference", "created_at"} {
+	for _, known := range []string{"id", "src", "dst", "amount", "currency", "reference", "created_at", "credit"} {
 		delete(all, known)
 	}
 	r.Extra = nil
@@ -81,6 +83,30 @@ func (r *TransferRecord) UnmarshalJSON(b []byte) error {
 		r.Extra = all
 	}
 	return nil
+}
+
+// CreditState is where a transfer's credit leg stands. A state this version of the package does
+// not know is kept as the server sent it; treat it as not settled.
+type CreditState string
+
+// The states of a credit: pending, then settled, never back.
+const (
+	// CreditPending means the debit applied and the credit is owed to the shard that owns the
+	// destination account: the server delivers it, normally within a second, and keeps
+	// retrying while that shard is unavailable. The money is not in Dst's balance yet; it is in
+	// Src's PendingOut.
+	CreditPending CreditState = "pending"
+	// CreditSettled means the credit is in the destination account's ledger.
+	CreditSettled CreditState = "settled"
+)
+
+// Credit is the credit leg of a transfer: pending until the destination account's shard has
+// written it. A transfer between two accounts of one shard is settled at once.
+type Credit struct {
+	State CreditState `json:"state"`
+	// SettledAt is when the credit committed on the destination's shard; zero unless State is
+	// CreditSettled.
+	SettledAt time.Time `json:"settled_at,omitzero"`
 }
 
 // Receipt is the server's answer to an applied transfer.

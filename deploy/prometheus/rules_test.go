@@ -199,15 +199,40 @@ func TestRulesAreCompleteAndNameExportedMetrics(t *testing.T) {
 		t.Error("no recording rule shardgate:replay_ratio:rate5m")
 	}
 	// What must be alerted on: upkeep behind, no future partition, drops not happening, a
-	// jump of the replay rate.
+	// jump of the replay rate, credits owed too long, credit delivery conflicts.
 	for _, n := range []string{
 		"shardgate_upkeep_last_success_timestamp_seconds",
 		"shardgate_idempotency_future_partitions",
 		"shardgate_idempotency_oldest_partition_age_seconds",
 		"shardgate:replay_ratio:rate5m",
+		"shardgate_credit_oldest_owed_age_seconds",
+		"shardgate_credit_deliveries_total",
 	} {
 		if len(alertsUsing[n]) == 0 {
 			t.Errorf("no alert uses %s", n)
+		}
+	}
+}
+
+// alertName finds alert names (ShardgateSomething) in prose.
+var alertName = regexp.MustCompile(`\bShardgate[A-Z][A-Za-z]+\b`)
+
+// TestDocumentedAlertsExist keeps the README's references to alerts in step with rules.yml, so
+// that an operator told "the alert X fires" finds X.
+func TestDocumentedAlertsExist(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	alerts := map[string]bool{}
+	for _, g := range readRules(t).Groups {
+		for _, r := range g.Rules {
+			alerts[r.Alert] = true
+		}
+	}
+	for _, name := range alertName.FindAllString(string(readme), -1) {
+		if !alerts[name] {
+			t.Errorf("README.md names alert %s, which rules.yml does not define", name)
 		}
 	}
 }
