@@ -58,7 +58,7 @@ func CreditRequest(c OwedCredit, dstKeyspace uint64, retention time.Duration) Tr
 // relays can claim side by side.
 func ClaimCredits(ctx context.Context, pool *pgxpool.Pool, owner string, limit int, lease time.Duration) ([]OwedCredit, error) {
 	rows, err := pool.Query(ctx, `WITH due AS (
-		SELECT o.transfer_id, o.lease_owner IS NOT NULL AS taken_over
+		SELECT o.transfer_id, o.lease_owner IS NOT NULL AND o.lease_owner <> $2 AS taken_over
 		  FROM shardgate_credit_outbox o
 		 WHERE o.settled_at IS NULL AND o.next_attempt_at <= now()
 		   AND (o.lease_until IS NULL OR o.lease_until < now())

@@ -348,7 +348,7 @@ const (
 	recordCols = "key, scope, request_hash, keyspace_id, response, state, created_at"
 	ledgerCols = "transfer_id, keyspace_id, account_id, counterparty_id, amount, currency, kind, reference, client, created_at"
 	// The owed credits of the range's debits; a lease is the source's relay's and stays behind.
-	outboxCols = "transfer_id, keyspace_id, src, dst, amount, currency, reference, client, debited_at, settled_at, attempts, next_attempt_at"
+	outboxCols = "transfer_id, keyspace_id, src, dst, amount, currency, reference, client, debited_at, settled_at, attempts, next_attempt_at, last_error"
 	inRange    = "keyspace_id >= $1 AND ($2::bigint IS NULL OR keyspace_id < $2)"
 )
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardgate/shardgate/idem"
@@ -497,6 +498,97 @@ func TestCopyRangeInBatches(t *testing.T) {
 	}
 	if l, r := c.rows("sa"); l != 0 || r != 0 {
 		t.Errorf("sa kept %d ledger rows and %d records of the moved range", l, r)
+	}
+}
+
+// owedRow is an owed-credit row as a shard holds it.
+type owedRow struct {
+	settledAt   *time.Time
+	attempts    int
+	nextAttempt time.Time
+	leaseOwner  *string
+}
+
+// outbox returns the owed-credit rows shard holds, by transfer id.
+func (c *cluster) outbox(shard string) map[string]owedRow {
+	c.t.Helper()
+	rows, _ := c.pool(shard).Query(context.Background(), "SELECT transfer_id, settled_at, attempts, next_attempt_at, lease_owner FROM shardgate_credit_outbox")
+	out := map[string]owedRow{}
+	var (
+		id string
+		o  owedRow
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &o.settledAt, &o.attempts, &o.nextAttempt, &o.leaseOwner}, func() error {
+		out[id] = o
+		return nil
+	}); err != nil {
+		c.t.Fatal(err)
+	}
+	return out
+}
+
+// Owed credits move with their debits' range: Plan counts them, the copy keeps each as it was
+// (settled at its time, or pending with its attempts and due time; a relay's lease stays
+// behind), the moved-away rows stay until the settle deletes them, and the new owner then
+// delivers the pending ones.
+func TestOwedCreditsMoveWithTheirSourceRange(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t, "sa", "sb")
+	c.mustApply(c.mapOf(1, "sa=-80 sb=80-"))
+	for _, k := range []string{"k1", "k2", "k3"} {
+		c.transferAt("sa", k) // to an account in 80-, on sb: the credit is owed
+	}
+	// t-k1 was delivered; t-k2 failed once and waits out its backoff; t-k3 is leased by a relay.
+	settledAt := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	if err := idem.SettleCredits(ctx, c.pool("sa"), map[string]time.Time{"t-k1": settledAt}); err != nil {
+		t.Fatal(err)
+	}
+	if claimed, err := idem.ClaimCredits(ctx, c.pool("sa"), "relay-x", 10, time.Hour); err != nil || len(claimed) != 2 {
+		t.Fatalf("claim: %d credits, %v; want t-k2 and t-k3", len(claimed), err)
+	}
+	if err := idem.DeferCredits(ctx, c.pool("sa"), "relay-x", []string{"t-k2"}, "dst down", idem.Backoff{Base: time.Hour, Max: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	before := c.outbox("sa")
+
+	v2 := c.mapOf(2, "sa= sb=-80,80-")
+	plan, err := Plan(ctx, v2, c.pool)
+	if err != nil || len(plan) != 1 || plan[0].From != "sa" || plan[0].To != "sb" || plan[0].Credits != 3 || plan[0].Ledger != 3 {
+		t.Fatalf("plan: %+v, %v; want one move sa → sb of 3 debits and 3 owed credits", plan, err)
+	}
+	c.revoke(v2, "sa", "sb")
+	low, _ := shardmap.ParseKeyRange("-80")
+	mv := MoveReport{}
+	if err := copyRange(ctx, c.pool("sa"), c.pool("sb"), low, partition.Daily, &mv); err != nil || mv.Credits != 3 {
+		t.Fatalf("copy: %v, %d owed credits copied; want 3", err, mv.Credits)
+	}
+	c.phase(v2, idem.Grant, "sa", "sb")
+	if n := len(c.outbox("sa")); n != 3 {
+		t.Errorf("sa holds %d owed credits between grant and settle, want its 3 until the settle", n)
+	}
+	c.phase(v2, idem.Settle, "sa", "sb")
+	if n := len(c.outbox("sa")); n != 0 {
+		t.Errorf("sa kept %d owed credits of the range it gave away", n)
+	}
+
+	after := c.outbox("sb")
+	if len(after) != 3 {
+		t.Fatalf("sb holds %d owed credits, want 3", len(after))
+	}
+	if at := after["t-k1"].settledAt; at == nil || !at.Equal(settledAt) {
+		t.Errorf("t-k1 on sb settled at %v, want %v as on sa", at, settledAt)
+	}
+	for _, id := range []string{"t-k2", "t-k3"} {
+		got, was := after[id], before[id]
+		if got.settledAt != nil || got.attempts != was.attempts || !got.nextAttempt.Equal(was.nextAttempt) || got.leaseOwner != nil {
+			t.Errorf("%s on sb: settled %v, %d attempts, due %v, lease %v; want pending, %d attempts, due %v, no lease",
+				id, got.settledAt, got.attempts, got.nextAttempt, got.leaseOwner, was.attempts, was.nextAttempt)
+		}
+	}
+	// sb delivers what is due: t-k3, whose lease stayed on sa; t-k2 waits out its backoff.
+	claimed, err := idem.ClaimCredits(ctx, c.pool("sb"), "relay-y", 10, time.Minute)
+	if err != nil || len(claimed) != 1 || claimed[0].TransferID != "t-k3" || claimed[0].TakenOver {
+		t.Errorf("claim on sb: %+v, %v; want t-k3 alone, not taken over", claimed, err)
 	}
 }
 

@@ -49,8 +49,9 @@ type Relay struct {
 	wake      chan struct{}
 	metrics   *metrics
 
-	mu   sync.Mutex
-	down map[string]shardBackoff // source shards whose claims fail, by name
+	mu       sync.Mutex
+	down     map[string]shardBackoff // source shards whose claims fail, by name
+	observed map[string]bool         // shards with owed-credit gauges
 }
 
 type shardBackoff struct {
@@ -63,7 +64,7 @@ func New(cfg *config.Config, topos Topologies, log *slog.Logger, reg prometheus.
 	return &Relay{
 		cfg: cfg.Relay, retention: cfg.Idempotency.Retention, timeout: cfg.ShardPool.RequestTimeout,
 		topos: topos, log: log, owner: ownerID(), wake: make(chan struct{}, 1),
-		metrics: newMetrics(reg), down: map[string]shardBackoff{},
+		metrics: newMetrics(reg), down: map[string]shardBackoff{}, observed: map[string]bool{},
 	}
 }
 
@@ -177,10 +178,10 @@ func (r *Relay) deliver(ctx context.Context, topo *topology.Topology, source str
 	return settled
 }
 
-// deliverTo delivers group to dest in one statement, then settles on source what landed and
-// defers the rest.
+// deliverTo delivers group to dest in one statement (each credit alone if dest refuses the
+// statement), then settles on source what landed and defers the rest.
 func (r *Relay) deliverTo(ctx context.Context, topo *topology.Topology, source, dest string, group []idem.OwedCredit) int {
-	results, err := r.send(ctx, topo, dest, group)
+	results, failed, err := r.send(ctx, topo, dest, group)
 	if err != nil {
 		r.metrics.deliveries.WithLabelValues(dest, "error").Add(float64(len(group)))
 		r.log.Warn("credit delivery failed; the credits stay owed and are retried with backoff",
@@ -194,25 +195,30 @@ func (r *Relay) deliverTo(ctx context.Context, topo *topology.Topology, source, 
 	for i, res := range results {
 		c := group[i]
 		label := string(res.Outcome)
-		switch res.Outcome {
-		case idem.Applied:
+		later := func(reason string) { retry[reason] = append(retry[reason], c.TransferID) }
+		switch {
+		case failed[i] != nil:
+			label = "error"
+			r.log.Warn("dst's shard refused a credit; it stays owed and is retried with backoff",
+				"from", source, "to", dest, "transfer_id", c.TransferID, "err", scrub(topo, failed[i]))
+			later("deliver to " + dest + ": " + scrub(topo, failed[i]))
+		case res.Outcome == idem.Applied:
 			label = "settled"
 			landed = append(landed, c.TransferID)
-		case idem.Replayed, idem.Expired, idem.RecordMissing:
+		case res.Outcome == idem.Replayed, res.Outcome == idem.Expired, res.Outcome == idem.RecordMissing:
 			// The credit is in dst's ledger already: an earlier delivery committed.
 			label = "replayed"
 			landed = append(landed, c.TransferID)
-		case idem.InProgress:
-			retry["another delivery of this credit is in flight"] = append(retry["another delivery of this credit is in flight"], c.TransferID)
-		case idem.NotOwner:
+		case res.Outcome == idem.InProgress:
+			later("another delivery of this credit is in flight")
+		case res.Outcome == idem.NotOwner:
 			newer = max(newer, res.ShardMapVersion)
-			reason := fmt.Sprintf("shard %s does not own dst (its map version %d, the relay's %d)", dest, res.ShardMapVersion, topo.Map.Version)
-			retry[reason] = append(retry[reason], c.TransferID)
-		case idem.KeyReused:
+			later(fmt.Sprintf("shard %s does not own dst (its map version %d, the relay's %d)", dest, res.ShardMapVersion, topo.Map.Version))
+		case res.Outcome == idem.KeyReused:
 			label = "conflict"
 			r.log.Error("CREDIT CONFLICT: dst's shard holds a different credit under this transfer id; the credit stays owed, run `router reconcile`",
 				"from", source, "to", dest, "transfer_id", c.TransferID)
-			retry["a different credit holds this transfer id"] = append(retry["a different credit holds this transfer id"], c.TransferID)
+			later("a different credit holds this transfer id")
 		}
 		r.metrics.deliveries.WithLabelValues(dest, label).Inc()
 	}
@@ -225,11 +231,14 @@ func (r *Relay) deliverTo(ctx context.Context, topo *topology.Topology, source, 
 	return r.settle(ctx, topo, source, dest, landed)
 }
 
-// send runs the credit legs of group on dest, as one group.
-func (r *Relay) send(ctx context.Context, topo *topology.Topology, dest string, group []idem.OwedCredit) ([]idem.TransferResult, error) {
+// send runs the credit legs of group on dest, as one group. If the shard refuses the group
+// (a statement error: nothing committed), each credit is sent alone, and failed[i] is the error
+// of a credit refused alone: the others are not held up by it. err means nothing is known of
+// any credit (the shard is unreachable, busy, or timed out).
+func (r *Relay) send(ctx context.Context, topo *topology.Topology, dest string, group []idem.OwedCredit) (res []idem.TransferResult, failed []error, err error) {
 	conn := topo.Shard(dest)
 	if err := conn.Enter(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer conn.Leave()
 	reqs := make([]idem.TransferRequest, len(group))
@@ -238,18 +247,33 @@ func (r *Relay) send(ctx context.Context, topo *topology.Topology, dest string, 
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	res, err := idem.TransferBatch(ctx, conn.Pool, reqs)
-	var pgErr *pgconn.PgError
-	if err != nil && errors.As(err, &pgErr) && len(reqs) > 1 {
-		// The group committed nothing: send each alone, so one bad credit cannot hold up the rest.
-		res = make([]idem.TransferResult, len(reqs))
-		for i := range reqs {
-			if res[i], err = idem.Transfer(ctx, conn.Pool, reqs[i]); err != nil {
-				return nil, err
-			}
+	failed = make([]error, len(reqs))
+	res, err = idem.TransferBatch(ctx, conn.Pool, reqs)
+	if !refused(err) {
+		return res, failed, err
+	}
+	res = make([]idem.TransferResult, len(reqs))
+	if len(reqs) == 1 {
+		failed[0] = err // refused alone already
+		return res, failed, nil
+	}
+	for i := range reqs {
+		res[i], err = idem.Transfer(ctx, conn.Pool, reqs[i])
+		switch {
+		case refused(err):
+			failed[i] = err
+		case err != nil:
+			return nil, nil, err
 		}
 	}
-	return res, err
+	return res, failed, nil
+}
+
+// refused reports whether err is the shard's answer to a statement, which then committed
+// nothing; any other error leaves its outcome unknown.
+func refused(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr)
 }
 
 // settle marks landed (credits now in dest's ledger) settled on source, at their time in dest's
@@ -269,6 +293,17 @@ func (r *Relay) settle(ctx context.Context, topo *topology.Topology, source, des
 		r.log.Warn("credits delivered but not marked settled; they will be delivered again and replay",
 			"from", source, "to", dest, "credits", len(landed), "err", scrub(topo, err))
 		return 0
+	}
+	var missing []string
+	for _, id := range landed {
+		if _, ok := times[id]; !ok {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) > 0 {
+		// Delivered, yet gone from dest on reading back: dst's range moved away in between. The
+		// next delivery goes to the new owner and replays there.
+		r.reschedule(ctx, topo, source, missing, "delivered to "+dest+" but not found there afterwards (dst's range moved?)")
 	}
 	return len(times)
 }
@@ -329,11 +364,17 @@ func backoff(base, limit time.Duration, n int) time.Duration {
 	return time.Duration(float64(d) * (0.5 + rand.Float64()))
 }
 
-// Observe refreshes the owed-credit gauges of every shard of the current map.
+// Observe refreshes the owed-credit gauges of every shard of the current map, and drops those of
+// shards the map no longer has: a removed shard's last age would otherwise hold the alert on
+// credits owed too long firing for good.
 func (r *Relay) Observe(ctx context.Context) {
 	topo := r.topos.HoldTopology()
 	defer topo.Release()
+	inMap := make(map[string]bool, len(topo.Map.Shards))
 	for _, sh := range topo.Map.Shards {
+		inMap[sh.Name] = true
+		// A conflict is rare and alerted on with increase(): its series must exist at 0 first.
+		r.metrics.deliveries.WithLabelValues(sh.Name, "conflict")
 		ctx, cancel := context.WithTimeout(ctx, r.timeout)
 		owed, oldest, err := idem.OwedStats(ctx, topo.Pool(sh.Name))
 		cancel()
@@ -347,6 +388,15 @@ func (r *Relay) Observe(ctx context.Context) {
 		}
 		r.metrics.oldest.WithLabelValues(sh.Name).Set(age)
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for name := range r.observed {
+		if !inMap[name] {
+			r.metrics.owed.DeleteLabelValues(name)
+			r.metrics.oldest.DeleteLabelValues(name)
+		}
+	}
+	r.observed = inMap
 }
 
 // scrub is err's text with every shard's password masked: connection errors may quote a DSN.
