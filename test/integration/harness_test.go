@@ -46,6 +46,7 @@ var env struct {
 	m       *shardmap.Map
 	pools   map[string]*pgxpool.Pool // direct connections for assertions
 	cfg     *config.Config
+	svc     *service.Service // the suite's router; its relay runs only when a test calls svc.Relay.Pass
 	srv     *router.Server
 	url     string
 	log     *slog.Logger   // every router's log, kept in logs
@@ -110,7 +111,10 @@ func setup(m *testing.M) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	env.srv = svc.Router
+	if svc.Relay == nil {
+		return 0, fmt.Errorf("the suite's router.yaml turned the relay off; the credit tests need it")
+	}
+	env.svc, env.srv = svc, svc.Router
 	hs := httptest.NewServer(env.srv)
 	defer hs.Close()
 	defer svc.Close()
