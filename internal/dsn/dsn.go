@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"unicode"
 )
 
 // Redacted replaces secrets in anything printed. It is the same mask
@@ -231,8 +232,9 @@ func Secrets(dsn string) []string {
 	var vals []string
 	if isURLDSN(dsn) {
 		u, err := url.Parse(dsn)
-		if err != nil {
-			return append([]string{dsn}, strings.Fields(dsn)...)
+		// url.Parse takes blanks in a path, which the driver refuses and quotes from mid-string.
+		if err != nil || strings.ContainsFunc(dsn, unicode.IsSpace) {
+			return unparsed(dsn)
 		}
 		if pw, ok := u.User.Password(); ok {
 			vals = append(vals, pw, url.PathEscape(pw), url.QueryEscape(pw))
@@ -249,13 +251,28 @@ func Secrets(dsn string) []string {
 	} else {
 		pairs, err := parseKeyValueDSN(dsn)
 		if err != nil {
-			return append([]string{dsn}, strings.Fields(dsn)...)
+			return unparsed(dsn)
 		}
 		for _, p := range pairs {
 			if isSecretKey(p.key) {
 				raw := dsn[p.valStart:p.valEnd]
 				vals = append(vals, raw, unquoteValue(raw), strings.Trim(raw, "'"))
 			}
+		}
+	}
+	slices.SortFunc(vals, func(a, b string) int { return len(b) - len(a) })
+	return slices.Compact(vals)
+}
+
+// unparsed is Secrets of a DSN that does not parse: the whole DSN, each blank-separated word,
+// and the passwords of each word read as a DSN of its own (a library may quote any part of the
+// text, from mid-word), longest first.
+func unparsed(dsn string) []string {
+	words := strings.Fields(dsn)
+	vals := append([]string{dsn}, words...)
+	for _, w := range words {
+		if w != dsn {
+			vals = append(vals, Secrets(w)...)
 		}
 	}
 	slices.SortFunc(vals, func(a, b string) int { return len(b) - len(a) })
