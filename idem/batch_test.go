@@ -33,6 +33,14 @@ func halfShard(t *testing.T) *pgxpool.Pool {
 // key, a key of a range the shard does not own, and two attempts of one key (same and other
 // request). Each gets the answer a lone attempt would get, and only the new keys are written.
 func TestTransferBatchItemsKeepTheirOwnOutcomes(t *testing.T) {
+	for name, q := range map[string]string{applyRows: rowsSQL, applyBatch: batchSQL} {
+		t.Run(name, func(t *testing.T) { itemsKeepTheirOwnOutcomes(t, q) })
+	}
+}
+
+// itemsKeepTheirOwnOutcomes is TestTransferBatchItemsKeepTheirOwnOutcomes through the group
+// function of q.
+func itemsKeepTheirOwnOutcomes(t *testing.T, q string) {
 	ctx := context.Background()
 	pool := halfShard(t)
 	done := testTransfer("done", 10)
@@ -56,12 +64,18 @@ func TestTransferBatchItemsKeepTheirOwnOutcomes(t *testing.T) {
 	foreign := testTransfer("foreign", 10)
 	foreign.KeyspaceID = 0x9000000000000000
 	twice := testTransfer("twice", 10)
+	// A key first attempted for an account of another shard, then for one of this shard: the
+	// first attempt is not the second's predecessor here.
+	elsewhere := testTransfer("moved", 10)
+	elsewhere.KeyspaceID = 0x9000000000000000
 	group := []TransferRequest{
 		testTransfer("new", 10), done, busy, testTransfer("done", 99), old, foreign,
 		twice, twice, testTransfer("twice", 99), testTransfer("new-2", 10),
+		elsewhere, testTransfer("moved", 10), done, testTransfer("moved", 10),
 	}
-	want := []Outcome{Applied, Replayed, InProgress, KeyReused, Expired, NotOwner, Applied, InProgress, KeyReused, Applied}
-	res, err := TransferBatch(ctx, pool, group)
+	want := []Outcome{Applied, Replayed, InProgress, KeyReused, Expired, NotOwner, Applied, InProgress, KeyReused, Applied,
+		NotOwner, Applied, Replayed, InProgress}
+	res, err := transferGroup(ctx, pool, group, q)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +87,10 @@ func TestTransferBatchItemsKeepTheirOwnOutcomes(t *testing.T) {
 	if res[1].Response.Body != done.Response.Body || res[5].ShardMapVersion != 3 || res[0].Response.Status != 201 {
 		t.Errorf("replay %+v, not-owner version %d, applied %+v", res[1].Response, res[5].ShardMapVersion, res[0].Response)
 	}
-	for key, wantRows := range map[string]int{"new": 1, "new-2": 1, "twice": 1, "done": 1, "busy": 0, "foreign": 0} {
+	if res[12].Response.Body != done.Response.Body {
+		t.Errorf("a second replay of one key in a group: %+v", res[12].Response)
+	}
+	for key, wantRows := range map[string]int{"new": 1, "new-2": 1, "twice": 1, "done": 1, "busy": 0, "foreign": 0, "moved": 1} {
 		if l, n := counts(t, pool, key); l != wantRows || n != wantRows {
 			t.Errorf("%s: %d ledger rows and %d records, want %d of each", key, l, n, wantRows)
 		}
@@ -85,11 +102,17 @@ func TestTransferBatchItemsKeepTheirOwnOutcomes(t *testing.T) {
 // A group whose statement fails commits nothing, and says so with a PostgreSQL error (so that
 // its items can be sent alone): here the partition for now is missing.
 func TestTransferBatchFailsWhole(t *testing.T) {
+	for name, q := range map[string]string{applyRows: rowsSQL, applyBatch: batchSQL} {
+		t.Run(name, func(t *testing.T) { failsWhole(t, q) })
+	}
+}
+
+func failsWhole(t *testing.T, q string) {
 	ctx := context.Background()
 	pool := halfShard(t)
 	mustExec(t, pool, "DROP TABLE "+partition.At(partition.Daily, time.Now()).Name)
 	group := []TransferRequest{testTransfer("a", 1), testTransfer("b", 1)}
-	_, err := TransferBatch(ctx, pool, group)
+	_, err := transferGroup(ctx, pool, group, q)
 	var pgErr *pgconn.PgError
 	if !errors.Is(err, ErrNoPartition) || !errors.As(err, &pgErr) {
 		t.Fatalf("group without a partition: %v, want ErrNoPartition wrapping the PostgreSQL error", err)
@@ -104,6 +127,12 @@ func TestTransferBatchFailsWhole(t *testing.T) {
 // The guide's verification, batched: many groups, each with 20 attempts per key over several
 // keys, run concurrently; every key ends with one ledger row and one record.
 func TestTransferBatchConcurrentAttempts(t *testing.T) {
+	for name, q := range map[string]string{applyRows: rowsSQL, applyBatch: batchSQL} {
+		t.Run(name, func(t *testing.T) { concurrentAttempts(t, q) })
+	}
+}
+
+func concurrentAttempts(t *testing.T, q string) {
 	ctx := context.Background()
 	pool := halfShard(t)
 	const keys, attempts, groups = 8, 20, 10
@@ -116,7 +145,7 @@ func TestTransferBatchConcurrentAttempts(t *testing.T) {
 					group = append(group, testTransfer(fmt.Sprintf("k%d", (k+a+g)%keys), 10))
 				}
 			}
-			_, err := TransferBatch(ctx, pool, group)
+			_, err := transferGroup(ctx, pool, group, q)
 			errs <- err
 		}()
 	}

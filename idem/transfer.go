@@ -131,9 +131,24 @@ func decodeOutcome(r TransferRequest, outcome string, stored []byte, mapVersion 
 	return res, nil
 }
 
-// transferBatchSQL is a whole group: one statement, one round trip, one commit.
-const transferBatchSQL = `SELECT idx, outcome, stored_response, shard_map_version, credit_settled
-FROM shardgate_apply_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`
+// The two functions that run a group, with one contract: shardgate_apply_rows works item by
+// item, shardgate_apply_batch set-wise, which pays off from setWiseFrom items (migration 0004).
+const (
+	applyRows   = "shardgate_apply_rows"
+	applyBatch  = "shardgate_apply_batch"
+	setWiseFrom = 8
+)
+
+// groupSQL is a whole group through fn: one statement, one round trip, one commit.
+func groupSQL(fn string) string {
+	return `SELECT idx, outcome, stored_response, shard_map_version, credit_settled
+FROM ` + fn + `($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`
+}
+
+var (
+	rowsSQL  = groupSQL(applyRows)
+	batchSQL = groupSQL(applyBatch)
+)
 
 // TransferBatch runs a group of attempts on pool, the shard's pool, in one statement and one
 // transaction (group commit): each item gets the outcome a lone Transfer would give it, except
@@ -143,6 +158,15 @@ FROM shardgate_apply_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $1
 // group committed when it is a *pgconn.PgError (the statement failed; each item may then be
 // sent alone), and that the outcome is unknown otherwise (the connection failed or timed out).
 func TransferBatch(ctx context.Context, pool *pgxpool.Pool, reqs []TransferRequest) ([]TransferResult, error) {
+	q := rowsSQL
+	if len(reqs) >= setWiseFrom {
+		q = batchSQL
+	}
+	return transferGroup(ctx, pool, reqs, q)
+}
+
+// transferGroup runs reqs as one statement q, one of the group functions.
+func transferGroup(ctx context.Context, pool *pgxpool.Pool, reqs []TransferRequest, q string) ([]TransferResult, error) {
 	if len(reqs) == 0 {
 		return nil, nil
 	}
@@ -150,7 +174,7 @@ func TransferBatch(ctx context.Context, pool *pgxpool.Pool, reqs []TransferReque
 	if err != nil {
 		return nil, err
 	}
-	rows, err := pool.Query(ctx, transferBatchSQL, args...)
+	rows, err := pool.Query(ctx, q, args...)
 	if err != nil {
 		return nil, transferError(err)
 	}
@@ -165,7 +189,7 @@ func TransferBatch(ctx context.Context, pool *pgxpool.Pool, reqs []TransferReque
 	)
 	_, err = pgx.ForEachRow(rows, []any{&idx, &outcome, &stored, &mapVersion, &settled}, func() error {
 		if idx < 1 || idx > len(reqs) {
-			return fmt.Errorf("shardgate_apply_batch returned item %d of %d", idx, len(reqs))
+			return fmt.Errorf("a group function returned item %d of %d", idx, len(reqs))
 		}
 		res, err := decodeOutcome(reqs[idx-1], outcome, stored, mapVersion, settled)
 		results[idx-1] = res
@@ -176,7 +200,7 @@ func TransferBatch(ctx context.Context, pool *pgxpool.Pool, reqs []TransferReque
 		return nil, transferError(err)
 	}
 	if seen != len(reqs) {
-		return nil, fmt.Errorf("shardgate_apply_batch answered %d of %d items", seen, len(reqs))
+		return nil, fmt.Errorf("a group function answered %d of %d items", seen, len(reqs))
 	}
 	return results, nil
 }

@@ -250,7 +250,7 @@ func report(f *fixture, s settings, res results) string {
 		runtime.NumCPU(), runtime.GOMAXPROCS(0), f.pgVersion, f.durability, f.maxConns)
 	fmt.Fprintf(&out, "phases: %d round(s) of %v each; every figure is transfers/s; every phase checked the rows it wrote\n",
 		s.rounds, s.duration)
-	fmt.Fprintf(&out, "anchor: pgbench, one-statement CTE, unpartitioned tables; function: pgbench, shardgate_apply_batch (one debit + its same-shard credit);\n"+
+	fmt.Fprintf(&out, "anchor: pgbench, one-statement CTE, unpartitioned tables; function: pgbench, shardgate_apply_rows (one debit + its same-shard credit);\n"+
 		"  floor: bare net/http handler decoding the same body and writing the same 201, same load generator\n")
 	fmt.Fprintf(&out, "router: service.New, auth none, shard_pool max_conns=min(c,%d) max_waiting=%d (so that c > %d queue for\n"+
 		"  a connection instead of getting 503 shard-busy), group_commit max_batch=%d (on) unless off (=%d)\n",

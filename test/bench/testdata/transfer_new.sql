@@ -1,5 +1,5 @@
 -- pgbench script: one new transfer per transaction, through the statement the router sends
--- (idem.Transfer: SELECT ... FROM shardgate_apply_batch(...), migration 0004, with arrays of one
+-- (idem.Transfer: SELECT ... FROM shardgate_apply_rows(...), migration 0004, with arrays of one
 -- item), with the router's argument shapes. The one bench shard owns the whole keyspace, so dst
 -- is on the debit's shard and the credit is written in the same transaction, as the router's is. Set with -D by
 -- the benchmark: scope, client, request_hash, currency, response (a response the router stored,
@@ -19,6 +19,6 @@
 \set dstkeyspace hash(:dst)
 \set amount random(1, 100000)
 SELECT idx, outcome, stored_response, shard_map_version, credit_settled
-FROM shardgate_apply_batch(ARRAY['transfer_out'], ARRAY[:scope], ARRAY[lpad(:k, 26, '0')], ARRAY[:request_hash], ARRAY[:keyspace::bigint],
+FROM shardgate_apply_rows(ARRAY['transfer_out'], ARRAY[:scope], ARRAY[lpad(:k, 26, '0')], ARRAY[:request_hash], ARRAY[:keyspace::bigint],
      ARRAY[lpad(:k, 48, '0')], ARRAY[:client], ARRAY[:src::bigint], ARRAY[:dst::bigint], ARRAY[:dstkeyspace::bigint],
      ARRAY[:amount::bigint], ARRAY[:currency], ARRAY[NULL::text], ARRAY[:response::jsonb], :retention);
