@@ -8,9 +8,10 @@
 -- as a debit (scope 'shardgate:credit', key = the transfer id), and only then marks the row
 -- settled. A delivery that committed but was never acknowledged is delivered again and replays.
 --
--- shardgate_apply_batch is now the one body of a transfer attempt, debit or credit; the functions
--- of 0001-0003 become wrappers over it, so routers of the previous release keep working during a
--- rolling upgrade and their debits record owed credits too.
+-- shardgate_apply_batch (set-wise) and shardgate_apply_rows (item by item, cheaper for small
+-- groups) are now the bodies of a transfer attempt, debit or credit, with one contract; the
+-- functions of 0001-0003 become wrappers over them, so routers of the previous release keep
+-- working during a rolling upgrade and their debits record owed credits too.
 
 -- A credit owed by a debit of this shard. keyspace_id is the source account's, so the row moves
 -- with the source's key range. settled_at is the credit's own created_at on dst's shard, set once
