@@ -24,7 +24,7 @@ type Migration struct {
 }
 
 // Advisory lock ids, in (classid, objid) form so they never meet the single-bigint keys that
-// shardgate_transfer takes per idempotency key. LockClass 21319 is "SG". The migrations name
+// the transfer functions take per idempotency key. LockClass 21319 is "SG". The migrations name
 // LockClass and LockOwnership too; TestSQLConstantsMatchMigrations holds the two sides together.
 const (
 	LockClass     = 21319
@@ -34,7 +34,7 @@ const (
 	LockApply     = 3 // held by a shard map apply on every shard for its whole run
 )
 
-// Seeds of hashtextextended for the per-key try-locks of shardgate_transfer (and of the copy of
+// Seeds of hashtextextended for the per-key try-locks of the transfer functions (and of the copy of
 // moved records): the key lock over scope and key, and the request lock over scope, key and
 // request hash. They are SQL's; named here so that a test can check them.
 const (

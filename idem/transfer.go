@@ -15,7 +15,7 @@ import (
 // Outcome is what the shard did with one transfer attempt.
 type Outcome string
 
-// The outcomes of Transfer, as shardgate_transfer names them.
+// The outcomes of Transfer, as the transfer functions (shardgate_apply_rows, shardgate_apply_batch) name them.
 const (
 	Applied    Outcome = "applied"     // debit and completed record written
 	Replayed   Outcome = "replayed"    // an earlier attempt completed; Result.Response is its response

@@ -75,7 +75,7 @@ const dropMarker = "shardgate upkeep: expired idempotency partition, detached to
 //
 // A missing partition for the current time is never papered over: there is no DEFAULT
 // partition (one would silently hold rows and later block ATTACH), so until upkeep creates the
-// partition, shardgate_transfer fails with SQLSTATE 23514, Transfer returns ErrNoPartition, and
+// partition, the transfer functions fail with SQLSTATE 23514, Transfer returns ErrNoPartition, and
 // nothing is stored, the debit included. Upkeep refuses to run while idempotency_record has a
 // DEFAULT partition.
 //

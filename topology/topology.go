@@ -139,7 +139,7 @@ func OpenForCommand(m *shardmap.Map, sp config.ShardPool) (*Topology, error) {
 // OpenPool opens the pool of one shard. It is the only place pool defaults live: max_conns and
 // connect_timeout from router.yaml unless the DSN sets pool_max_conns or connect_timeout itself,
 // an application_name unless the DSN names one, and READ COMMITTED pinned for every session,
-// which shardgate_transfer relies on (a fresh snapshot after its key lock) whatever the
+// which the transfer functions rely on (a fresh snapshot after its key lock) whatever the
 // database's default is.
 func OpenPool(s shardmap.Shard, sp config.ShardPool) (*pgxpool.Pool, error) {
 	cfg, err := dsn.PoolConfig(s.DSN)

@@ -25,7 +25,7 @@ func openOne(t *testing.T, dsn string, sp config.ShardPool) *Topology {
 
 // TestOpenPoolSettings: router.yaml's pool settings are the defaults, a setting written in the
 // DSN wins (it was once silently overwritten), and every session runs READ COMMITTED, which
-// shardgate_transfer needs, whichever command opened the pool.
+// the transfer functions need, whichever command opened the pool.
 func TestOpenPoolSettings(t *testing.T) {
 	sp := config.ShardPool{MaxConns: 16, MaxWaiting: 64, ConnectTimeout: 2 * time.Second}
 	tests := []struct {

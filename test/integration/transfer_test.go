@@ -216,11 +216,11 @@ func holdLedger(t testing.TB, shard string) (release func()) {
 }
 
 // lockWaiters counts transfer attempts (debits, or credits a relay delivers) on shard waiting
-// for a lock: every attempt is one shardgate_apply_batch statement.
+// for a lock: every attempt is one shardgate_apply_rows or shardgate_apply_batch statement.
 func lockWaiters(t testing.TB, shard string) int {
 	var n int
 	if err := env.pools[shard].QueryRow(context.Background(),
-		"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%shardgate_apply_batch%'").Scan(&n); err != nil {
+		"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%shardgate\\_apply\\_%'").Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
