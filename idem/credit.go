@@ -232,3 +232,32 @@ func Balance(ctx context.Context, pool *pgxpool.Pool, account int64, keyspace ui
 	})
 	return out, version, err
 }
+
+// UpgradeSweepGrace is how long after migration 0004 SweepUpgradeWindow waits: longer than any
+// statement of a router of the previous release can still be running (its lock_timeout and
+// request timeout are seconds).
+const UpgradeSweepGrace = 10 * time.Minute
+
+// SweepUpgradeWindow makes owed, once per shard, the credits of debits that routers of the
+// previous release wrote while migration 0004 ran: their old function body recorded no owed
+// credit, and the migration's backfill could not see a debit not yet committed. It looks at the
+// debits from an hour before the migration on that have neither their credit on this shard nor
+// an owed row, once grace has passed since the migration, and then never again. It returns how
+// many credits it made owed and whether it ran. It reads the ledger by time once (a sequential
+// scan on a large ledger).
+func SweepUpgradeWindow(ctx context.Context, pool *pgxpool.Pool, grace time.Duration) (owed int64, ran bool, err error) {
+	err = pool.QueryRow(ctx, `WITH s AS (
+		SELECT since FROM shardgate_credit_sweep WHERE done_at IS NULL AND now() >= since + $1::interval FOR UPDATE),
+	ins AS (
+		INSERT INTO shardgate_credit_outbox (transfer_id, keyspace_id, src, dst, amount, currency, reference, client, debited_at)
+		SELECT d.transfer_id, d.keyspace_id, d.account_id, d.counterparty_id, d.amount, d.currency, d.reference, d.client, d.created_at
+		  FROM ledger_entries d, s
+		 WHERE d.kind = 'transfer_out' AND d.created_at >= s.since - interval '1 hour'
+		   AND NOT EXISTS (SELECT 1 FROM ledger_entries c WHERE c.transfer_id = d.transfer_id AND c.kind = 'transfer_in')
+		ON CONFLICT (transfer_id) DO NOTHING
+		RETURNING 1),
+	done AS (
+		UPDATE shardgate_credit_sweep SET done_at = now() FROM s RETURNING 1)
+	SELECT (SELECT count(*) FROM ins), EXISTS (SELECT 1 FROM done)`, grace).Scan(&owed, &ran)
+	return owed, ran, err
+}

@@ -7,6 +7,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shardgate/shardgate/internal/pgtest"
+	"github.com/shardgate/shardgate/partition"
+	"github.com/shardgate/shardgate/shardmap"
 )
 
 // Keyspace ids of the tests' accounts: halfShard owns "-80", so here is one of its own and
@@ -238,5 +242,66 @@ func TestBalance(t *testing.T) {
 	}
 	if _, _, err := Balance(ctx, pool, 1, there); !errors.Is(err, ErrNotOwned) {
 		t.Errorf("Balance on a shard that does not own the account: %v, want ErrNotOwned", err)
+	}
+}
+
+// A router of the previous release may have a debit in flight, in its old function body, while
+// migration 0004 runs: it commits after the backfill with no owed row. The sweep upkeep makes
+// once the grace has passed finds it, makes its credit owed, and never runs again.
+func TestSweepUpgradeWindowOwesInFlightDebits(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewDB(t, "")
+	ms, err := Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, pool, `CREATE TABLE shardgate_schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`)
+	for _, m := range ms[:3] { // up to 0003: the previous release
+		mustExec(t, pool, m.SQL)
+		mustExec(t, pool, "INSERT INTO shardgate_schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name)
+	}
+	all, _ := shardmap.ParseKeyRange("-")
+	if err := ApplyOwnership(ctx, pool, Ownership{Shard: "s", MapVersion: 1, Ranges: []shardmap.KeyRange{all}}, Grant); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := EnsurePartitions(ctx, pool, partition.Daily, time.Now(), 1); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	var outcome string
+	if err := tx.QueryRow(ctx, `SELECT outcome FROM shardgate_transfer('c:transfer', 'k', 'h', $1, 't-inflight', 'c', 1, 2, 5, 'EUR', NULL, '{"status":201}', interval '720 hours')`,
+		signedKeyspace(here)).Scan(&outcome); err != nil || outcome != "applied" {
+		t.Fatalf("the old release's transfer: %s %v", outcome, err)
+	}
+	if _, err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d, c, owed := legs(t, pool, "t-inflight"); d != 1 || c != 0 || owed {
+		t.Fatalf("before the sweep: %d debits, %d credits, owed %v; want the debit alone (what the sweep is for)", d, c, owed)
+	}
+	transferOutcome(t, pool, debitTo("local", 10, here), Applied) // its credit is here: not swept
+
+	if n, ran, err := SweepUpgradeWindow(ctx, pool, time.Hour); err != nil || ran || n != 0 {
+		t.Fatalf("sweep within its grace: %d, %v, %v; want nothing yet", n, ran, err)
+	}
+	if n, ran, err := SweepUpgradeWindow(ctx, pool, 0); err != nil || !ran || n != 1 {
+		t.Fatalf("sweep after its grace: %d, ran %v, %v; want the one in-flight debit", n, ran, err)
+	}
+	if _, _, owed := legs(t, pool, "t-inflight"); !owed {
+		t.Error("the in-flight debit's credit is still not owed")
+	}
+	if _, _, owed := legs(t, pool, "t-local"); owed {
+		t.Error("a debit whose credit is on its own shard was made owed")
+	}
+	mustExec(t, pool, "DELETE FROM shardgate_credit_outbox")
+	if n, ran, err := SweepUpgradeWindow(ctx, pool, 0); err != nil || ran || n != 0 {
+		t.Errorf("a second sweep: %d, ran %v, %v; want none: it runs once", n, ran, err)
 	}
 }

@@ -47,6 +47,18 @@ SELECT d.transfer_id, d.keyspace_id, d.account_id, d.counterparty_id, d.amount, 
  WHERE d.kind = 'transfer_out'
    AND NOT EXISTS (SELECT 1 FROM ledger_entries c WHERE c.transfer_id = d.transfer_id AND c.kind = 'transfer_in');
 
+-- A router of the previous release may be mid-statement while this migration runs: a debit its
+-- old function body writes and commits after the backfill above never gets an owed row (the
+-- body it runs is the one it compiled, whatever this migration replaces). Upkeep therefore
+-- sweeps once, when the grace after this migration has passed, every debit of the hour before
+-- it and later that has neither its credit here nor an owed row (idem.SweepUpgradeWindow).
+CREATE TABLE shardgate_credit_sweep (
+    singleton boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
+    since     timestamptz NOT NULL,
+    done_at   timestamptz
+);
+INSERT INTO shardgate_credit_sweep (since) VALUES (now());
+
 -- shardgate_apply_batch runs a group of transfer attempts, each one leg (p_kinds: transfer_out
 -- or transfer_in) of one transfer, in one statement and one transaction. Per item, with
 -- p_keyspaces the keyspace id of the leg's own account (src for a debit, dst for a credit):

@@ -90,6 +90,9 @@ func Upkeep(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(
 		}
 		fmt.Fprintf(out, "shard %s: %s\n", s.Name, describeUpkeep(rep, err))
 		if err == nil {
+			err = sweepUpgrade(ctx, pool(s.Name), s.Name, out)
+		}
+		if err == nil {
 			err = clearSettled(ctx, pool(s.Name), cfg.Relay.KeepSettled, s.Name, out)
 		}
 		if err != nil {
@@ -103,6 +106,19 @@ func Upkeep(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(
 		return fmt.Errorf("partition upkeep failed on %s", strings.Join(failed, ", "))
 	}
 	return nil
+}
+
+// sweepUpgrade makes owed, once, the credits of debits that routers of the previous release
+// wrote while migration 0004 ran (idem.SweepUpgradeWindow).
+func sweepUpgrade(ctx context.Context, pool *pgxpool.Pool, shard string, out io.Writer) error {
+	n, ran, err := idem.SweepUpgradeWindow(ctx, pool, idem.UpgradeSweepGrace)
+	switch {
+	case err != nil:
+		fmt.Fprintf(out, "shard %s: %s: sweeping the upgrade window for owed credits: %v\n", shard, upkeepFailed, err)
+	case ran:
+		fmt.Fprintf(out, "shard %s: swept the window of migration 0004: %d debits of routers of the previous release made their credit owed\n", shard, n)
+	}
+	return err
 }
 
 // clearSettled deletes the shard's owed-credit rows settled longer ago than keep: the credits
