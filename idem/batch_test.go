@@ -160,3 +160,32 @@ func concurrentAttempts(t *testing.T, q string) {
 		}
 	}
 }
+
+// Two different keys under one transfer id in a group (which the router never sends: the id is
+// derived from the key) get what they get row by row: the first applies, the second finds the
+// leg in the ledger. One leg, one record, one owed credit.
+func TestTransferBatchSharedTransferID(t *testing.T) {
+	for name, q := range map[string]string{applyRows: rowsSQL, applyBatch: batchSQL} {
+		t.Run(name, func(t *testing.T) {
+			pool := halfShard(t)
+			a, b := testTransfer("a", 10), testTransfer("b", 10)
+			a.DstKeyspaceID, b.DstKeyspaceID = 0x9000000000000000, 0x9000000000000000
+			b.TransferID = a.TransferID
+			res, err := transferGroup(context.Background(), pool, []TransferRequest{a, b}, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res[0].Outcome != Applied || res[1].Outcome != RecordMissing {
+				t.Errorf("outcomes %s, %s; want applied, record_missing", res[0].Outcome, res[1].Outcome)
+			}
+			var legs, records, owed int
+			if err := pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM ledger_entries), (SELECT count(*) FROM idempotency_record),
+				(SELECT count(*) FROM shardgate_credit_outbox)`).Scan(&legs, &records, &owed); err != nil {
+				t.Fatal(err)
+			}
+			if legs != 1 || records != 1 || owed != 1 {
+				t.Errorf("%d legs, %d records, %d owed credits; want one of each", legs, records, owed)
+			}
+		})
+	}
+}

@@ -170,10 +170,14 @@ BEGIN
          WHERE t.d IS NULL
         ON CONFLICT (transfer_id, kind) DO NOTHING
         RETURNING transfer_id, kind)
-    SELECT coalesce(array_agg(t.i::integer), '{}') INTO applied
-      FROM unnest(p_transfer_ids, p_kinds, decided) WITH ORDINALITY AS t(tid, kind, d, i)
-      JOIN ins ON ins.transfer_id = t.tid AND ins.kind = t.kind
-     WHERE t.d IS NULL;
+    -- An inserted leg is the first undecided item's of its (transfer_id, kind); any other item
+    -- under the same transfer id finds it in the ledger, as it would row by row.
+    SELECT coalesce(array_agg(f.i), '{}') INTO applied
+      FROM (SELECT DISTINCT ON (t.tid, t.kind) t.i::integer AS i
+              FROM unnest(p_transfer_ids, p_kinds, decided) WITH ORDINALITY AS t(tid, kind, d, i)
+              JOIN ins ON ins.transfer_id = t.tid AND ins.kind = t.kind
+             WHERE t.d IS NULL
+             ORDER BY t.tid, t.kind, t.i) f;
 
     -- 4. A leg the ledger held: expired only when older than retention (as in 0002), else its
     --    record is missing.
