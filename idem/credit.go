@@ -198,38 +198,42 @@ var ErrNotOwned = errors.New("this shard does not own the account")
 
 // Balance reads account's balance per currency on the shard behind pool, which must own
 // keyspace, the account's keyspace id; both legs of every transfer touching the account live
-// there. The reads share one snapshot.
+// there. One statement, so one round trip and one snapshot for the ownership check and the sums.
 func Balance(ctx context.Context, pool *pgxpool.Pool, account int64, keyspace uint64) ([]CurrencyBalance, int64, error) {
-	var (
-		out     []CurrencyBalance
-		version int64
-	)
-	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		var owned bool
-		if err := tx.QueryRow(ctx, `SELECT (SELECT map_version FROM shardgate_shard), EXISTS (SELECT 1 FROM shardgate_owned_range
-			WHERE active AND lo <= $1 AND (hi IS NULL OR $1 < hi))`, signedKeyspace(keyspace)).Scan(&version, &owned); err != nil {
-			return err
-		}
-		if !owned {
-			return fmt.Errorf("%w (shard map version %d)", ErrNotOwned, version)
-		}
-		rows, err := tx.Query(ctx, `SELECT currency, sum(credits)::bigint, sum(debits)::bigint, sum(pending)::bigint FROM (
+	rows, err := pool.Query(ctx, `WITH s AS (
+			SELECT (SELECT map_version FROM shardgate_shard) AS version,
+			       EXISTS (SELECT 1 FROM shardgate_owned_range WHERE active AND lo <= $2 AND (hi IS NULL OR $2 < hi)) AS owned),
+		legs AS (
 			SELECT currency, CASE kind WHEN 'transfer_in' THEN amount ELSE 0 END AS credits,
 			       CASE kind WHEN 'transfer_out' THEN amount ELSE 0 END AS debits, 0 AS pending
 			  FROM ledger_entries WHERE account_id = $1 AND keyspace_id = $2
 			UNION ALL
-			SELECT currency, 0, 0, amount FROM shardgate_credit_outbox WHERE src = $1 AND keyspace_id = $2 AND settled_at IS NULL
-		) t GROUP BY currency ORDER BY currency`, account, signedKeyspace(keyspace))
-		if err != nil {
-			return err
-		}
-		var b CurrencyBalance
-		_, err = pgx.ForEachRow(rows, []any{&b.Currency, &b.Credits, &b.Debits, &b.PendingOut}, func() error {
+			SELECT currency, 0, 0, amount FROM shardgate_credit_outbox WHERE src = $1 AND keyspace_id = $2 AND settled_at IS NULL),
+		t AS (
+			SELECT currency, sum(credits)::bigint AS credits, sum(debits)::bigint AS debits, sum(pending)::bigint AS pending
+			  FROM legs GROUP BY currency)
+		SELECT s.version, s.owned, t.currency, coalesce(t.credits, 0), coalesce(t.debits, 0), coalesce(t.pending, 0)
+		  FROM s LEFT JOIN t ON s.owned ORDER BY t.currency`, account, signedKeyspace(keyspace))
+	if err != nil {
+		return nil, 0, err
+	}
+	var (
+		out      []CurrencyBalance
+		version  int64
+		owned    bool
+		currency *string
+		b        CurrencyBalance
+	)
+	_, err = pgx.ForEachRow(rows, []any{&version, &owned, &currency, &b.Credits, &b.Debits, &b.PendingOut}, func() error {
+		if currency != nil {
+			b.Currency = *currency
 			out = append(out, b)
-			return nil
-		})
-		return err
+		}
+		return nil
 	})
+	if err == nil && !owned {
+		err = fmt.Errorf("%w (shard map version %d)", ErrNotOwned, version)
+	}
 	return out, version, err
 }
 
