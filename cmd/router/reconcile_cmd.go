@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/shardgate/shardgate/config"
+	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/reconcile"
 	"github.com/shardgate/shardgate/shardmap"
-	"github.com/shardgate/shardgate/topology"
 )
 
 // reconcileCommand is `router reconcile --config router.yaml [--older-than 1h]`: a read-only
@@ -23,20 +23,7 @@ func reconcileCommand(ctx context.Context, args []string, stdout io.Writer) erro
 		if olderThan < 0 {
 			return fmt.Errorf("%w: reconcile: --older-than must be 0 or more, got %s", errUsage, olderThan)
 		}
-		topo, err := topology.OpenForCommand(m, cfg.ShardPool)
-		if err != nil {
-			return err
-		}
-		defer topo.Close()
-		rep, err := reconcile.Run(ctx, m, topo.Pool, reconcile.Options{OlderThan: olderThan})
-		if err != nil {
-			return fmt.Errorf("reconcile: %w", err)
-		}
-		rep.Print(stdout)
-		if !rep.Clean() {
-			return fmt.Errorf("reconcile: the ledgers do not add up: %d discrepancies, listed above", rep.Discrepancies())
-		}
-		return nil
+		return service.Reconcile(ctx, cfg, m, reconcile.Options{OlderThan: olderThan}, stdout)
 	}, func(fs *flag.FlagSet) {
 		fs.DurationVar(&olderThan, "older-than", reconcile.DefaultOlderThan,
 			"a debit older than this without its credit is a discrepancy; a younger one is pending")

@@ -13,6 +13,7 @@ import (
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/rangemove"
+	"github.com/shardgate/shardgate/reconcile"
 	"github.com/shardgate/shardgate/shardmap"
 	"github.com/shardgate/shardgate/topology"
 )
@@ -213,5 +214,24 @@ func PlanMap(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Wr
 		fmt.Fprintln(out, "no range changes owner")
 	}
 	fmt.Fprintf(out, "dry run: nothing changed; without --dry-run, apply makes %d shards own their ranges at version %d\n", len(m.Shards), m.Version)
+	return nil
+}
+
+// Reconcile checks, read-only, that the ledgers of m's shards add up (package reconcile), prints
+// the report to out, and fails when the check found discrepancies or could not be made.
+func Reconcile(ctx context.Context, cfg *config.Config, m *shardmap.Map, opts reconcile.Options, out io.Writer) error {
+	topo, err := topology.OpenForCommand(m, cfg.ShardPool)
+	if err != nil {
+		return err
+	}
+	defer topo.Close()
+	rep, err := reconcile.Run(ctx, m, topo.Pool, opts)
+	if err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	rep.Print(out)
+	if !rep.Clean() {
+		return fmt.Errorf("reconcile: the ledgers do not add up: %d discrepancies, listed above", rep.Discrepancies())
+	}
 	return nil
 }
