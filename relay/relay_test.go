@@ -330,20 +330,9 @@ func TestRangeMovesWhileRelaying(t *testing.T) {
 	for _, r := range []string{"-40", "40-80", "80-c0", "c0-"} {
 		accts = append(accts, accounts(t, r, 4)...)
 	}
-	rng := rand.New(rand.NewPCG(3, 4))
-	var trs []transfer
-	more := func(m *shardmap.Map, n int) {
-		batch := make([]transfer, 0, n)
-		for len(batch) < n {
-			src, dst := accts[rng.IntN(len(accts))], accts[rng.IntN(len(accts))]
-			if src != dst {
-				batch = append(batch, transfer{id: fmt.Sprintf("t-%03d", len(trs)+len(batch)), src: src, dst: dst, amount: int64(1 + rng.IntN(1000))})
-			}
-		}
-		c.debit(m, batch)
-		trs = append(trs, batch...)
-	}
-	more(v1, 300)
+	gen := &transferGen{c: c, accts: accts, rng: rand.New(rand.NewPCG(3, 4))}
+	gen.more(v1, 300)
+	trs := gen.trs
 	// The credits owed from the ranges that move to c wait until they have moved, so that they
 	// move holding them.
 	var held []string
@@ -352,31 +341,12 @@ func TestRangeMovesWhileRelaying(t *testing.T) {
 			held = append(held, tr.id)
 		}
 	}
-	for _, shard := range []string{"a", "b"} {
-		if _, err := c.pool(shard).Exec(ctx, "UPDATE shardgate_credit_outbox SET next_attempt_at = now() + interval '1 hour' WHERE transfer_id = ANY($1)", held); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c.postpone([]string{"a", "b"}, held)
 
 	cfg := relayConfig(t, "batch: 8", "backoff_base: 10ms", "backoff_max: 50ms")
 	tp := newTopos(t, cfg, v1)
 	relays := []testRelay{newRelay(cfg, tp), newRelay(cfg, tp)}
-	loopCtx, stop := context.WithCancel(ctx)
-	var (
-		wg      sync.WaitGroup
-		settled [2]int
-	)
-	for i, r := range relays {
-		wg.Go(func() {
-			for loopCtx.Err() == nil {
-				settled[i] += r.Pass(loopCtx)
-			}
-		})
-	}
-	halt := func() {
-		stop()
-		wg.Wait()
-	}
+	halt, settled := passInLoops(ctx, relays)
 	defer halt() // if the test fails before the loops are stopped below
 	c.apply(v2)
 	moved := 0
@@ -390,10 +360,11 @@ func TestRangeMovesWhileRelaying(t *testing.T) {
 	}
 	c.makeDue()
 	tp.publish(v2) // the relays reload it when a shard says it is newer
-	more(v2, 100)
+	gen.more(v2, 100)
 	c.apply(v3)
 	tp.serve(v3)
-	more(v3, 50)
+	gen.more(v3, 50)
+	trs = gen.trs
 	// Let the loops deliver what they can by themselves (all but what their own leases hold),
 	// until the owed count stops falling.
 	for last := -1; ; time.Sleep(50 * time.Millisecond) {
@@ -406,13 +377,7 @@ func TestRangeMovesWhileRelaying(t *testing.T) {
 	halt()
 	t.Logf("while ranges moved the relays settled %d and %d credits; %d were owed when they stopped", settled[0], settled[1], len(c.pending()))
 
-	// What the loops' leases still hold (claimed when they stopped, or delivered to a shard that
-	// gave dst's range away before the relay read the credit back) is delivered again: it replays.
-	for i := 0; i < 5 && len(c.pending()) > 0; i++ {
-		c.expireLeases()
-		c.makeDue()
-		relays[0].Pass(ctx)
-	}
+	c.redeliverLeased(relays[0])
 	if p := c.pending(); len(p) > 0 {
 		t.Errorf("%d credits still owed after the moves, e.g. %+v", len(p), p)
 	}
@@ -600,4 +565,64 @@ func TestRunDeliversOnNotify(t *testing.T) {
 		t.Fatal("Run did not return once its context ended")
 	}
 	c.checkDelivered(m, trs)
+}
+
+// transferGen makes random transfers between accts and debits them.
+type transferGen struct {
+	c     *cluster
+	accts []int64
+	rng   *rand.Rand
+	trs   []transfer // every transfer made so far
+}
+
+// more debits n new transfers routed by m.
+func (g *transferGen) more(m *shardmap.Map, n int) {
+	batch := make([]transfer, 0, n)
+	for len(batch) < n {
+		src, dst := g.accts[g.rng.IntN(len(g.accts))], g.accts[g.rng.IntN(len(g.accts))]
+		if src != dst {
+			batch = append(batch, transfer{id: fmt.Sprintf("t-%03d", len(g.trs)+len(batch)), src: src, dst: dst, amount: int64(1 + g.rng.IntN(1000))})
+		}
+	}
+	g.c.debit(m, batch)
+	g.trs = append(g.trs, batch...)
+}
+
+// passInLoops runs Pass of each relay in a loop of its own until halt is called, and counts
+// what each settled (read it after halt).
+func passInLoops(ctx context.Context, relays []testRelay) (halt func(), settled []int) {
+	loopCtx, stop := context.WithCancel(ctx)
+	settled = make([]int, len(relays))
+	var wg sync.WaitGroup
+	for i, r := range relays {
+		wg.Go(func() {
+			for loopCtx.Err() == nil {
+				settled[i] += r.Pass(loopCtx)
+			}
+		})
+	}
+	return func() {
+		stop()
+		wg.Wait()
+	}, settled
+}
+
+// redeliverLeased delivers with r what the leases of stopped relays still hold (claimed when
+// they stopped, or delivered to a shard that gave dst's range away before the relay read the
+// credit back): it replays.
+func (c *cluster) redeliverLeased(r testRelay) {
+	for i := 0; i < 5 && len(c.pending()) > 0; i++ {
+		c.expireLeases()
+		c.makeDue()
+		r.Pass(context.Background())
+	}
+}
+
+// postpone makes the owed credits ids on shards due only in an hour.
+func (c *cluster) postpone(shards, ids []string) {
+	for _, shard := range shards {
+		if _, err := c.pool(shard).Exec(context.Background(), "UPDATE shardgate_credit_outbox SET next_attempt_at = now() + interval '1 hour' WHERE transfer_id = ANY($1)", ids); err != nil {
+			c.t.Fatal(err)
+		}
+	}
 }
