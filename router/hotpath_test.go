@@ -1,0 +1,83 @@
+package router
+
+import (
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardgate/shardgate/config"
+	"github.com/shardgate/shardgate/shardmap"
+	"github.com/shardgate/shardgate/topology"
+)
+
+// TestFingerprintGolden pins fingerprints computed by the original json.Marshal-based code:
+// shards store them, so a faster encoding must not change a single one.
+func TestFingerprintGolden(t *testing.T) {
+	for _, tc := range []struct {
+		in   TransferInput
+		want string
+	}{
+		{TransferInput{Src: 8842, Dst: 1190, Amount: 2500, Currency: "EUR"}, "7f25b751d6d4c087d5a2642af118e22119f327d4ed6a47d5c51f154efef79b75"},
+		{TransferInput{Src: 123456, Dst: 123457, Amount: 4242, Currency: "USD", Reference: "invoice 2024-0042"}, "f46851bfca19db9093f27837b4854ba831696d6631558cdd814c43288ad92a2c"},
+		{TransferInput{Src: -9223372036854775808, Dst: 9223372036854775807, Amount: 1, Currency: "JPY", Reference: "<a&b> \"q\" \\ \u2028\u2029 ü 😀 \x7f é"},
+			"f7ebec05f066e3dbd44c9ac995384f94bc9156139e43a534913ad8473937c444"},
+	} {
+		if got := Fingerprint("POST", "/transfers", tc.in); got != tc.want {
+			t.Errorf("Fingerprint(%+v) = %s, want %s", tc.in, got, tc.want)
+		}
+	}
+}
+
+// encodingCases are transfers whose strings exercise every escape encoding/json makes.
+var encodingCases = []TransferInput{
+	{Src: 8842, Dst: 1190, Amount: 2500, Currency: "EUR"},
+	{Src: -9223372036854775808, Dst: 9223372036854775807, Amount: 0, Currency: "", Reference: "x"},
+	{Src: 1, Dst: 2, Amount: 3, Currency: "USD", Reference: "invoice 2024-0042 ~!@#$%^*()_+-=[]{}|;':,./?"},
+	{Src: 1, Dst: 2, Amount: 3, Currency: "a\"b", Reference: `back\slash "quoted"`},
+	{Src: 1, Dst: 2, Amount: 3, Currency: "<&>", Reference: "<script>&amp;</script>"},
+	{Src: 1, Dst: 2, Amount: 3, Currency: "EUR", Reference: "line\nsep\u2028para\u2029tab\t\x00\x1f\x7f"},
+	{Src: 1, Dst: 2, Amount: 3, Currency: "EUR", Reference: "ü é 😀 \ufffd"},
+	{Src: 1, Dst: 2, Amount: 3, Currency: "\xff", Reference: "bad \xed\xa0\x80 utf-8 \xc3"},
+}
+
+// TestTransferBodyIsJSON: the stored 201 body is exactly json.Marshal of the transfer's view
+// and a newline, as it was when encoding/json wrote it.
+func TestTransferBodyIsJSON(t *testing.T) {
+	s := offlineServer(t)
+	r := httptest.NewRequest(http.MethodPost, "/transfers", strings.NewReader(""))
+	for _, in := range encodingCases {
+		req := s.buildRequest(r, admitted{client: "c", key: "k", in: in})
+		want, err := json.Marshal(transferView{ID: req.TransferID, Src: in.Src, Dst: in.Dst, Amount: in.Amount, Currency: in.Currency, Reference: in.Reference})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if req.Response.Body != string(want)+"\n" {
+			t.Errorf("body of %+v:\n got %q\nwant %q", in, req.Response.Body, string(want)+"\n")
+		}
+	}
+}
+
+// offlineServer is a server over one shard that is never dialled, with the replay cache on.
+func offlineServer(tb testing.TB) *Server {
+	tb.Helper()
+	cfg, err := config.Parse("router.yaml", []byte("auth:\n  mode: none\n"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	m, err := shardmap.Parse("shardmap.yaml", []byte("version: 1\nshards:\n  - name: s\n    dsn: postgres://u@127.0.0.1:1/db\n    ranges: [\"-\"]\n"), nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	topo, err := topology.Open(m, nil, cfg.ShardPool)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(topo.Close)
+	return New(cfg, topo, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+}
