@@ -81,3 +81,23 @@ func offlineServer(tb testing.TB) *Server {
 	tb.Cleanup(topo.Close)
 	return New(cfg, topo, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
 }
+
+// FuzzTransferEncoding: the hand-built encodings are byte for byte what encoding/json writes,
+// whatever the strings hold.
+func FuzzTransferEncoding(f *testing.F) {
+	for _, in := range encodingCases {
+		f.Add("1d65d16c18855fc7", in.Src, in.Dst, in.Amount, in.Currency, in.Reference)
+	}
+	f.Add("<id>\u2028", int64(0), int64(-1), int64(1), "", "")
+	f.Fuzz(func(t *testing.T, id string, src, dst, amount int64, currency, reference string) {
+		in := TransferInput{Src: src, Dst: dst, Amount: amount, Currency: currency, Reference: reference}
+		want, _ := json.Marshal(in)
+		if got := append(appendTransferFields([]byte{'{'}, in), '}'); string(got) != string(want) {
+			t.Fatalf("canonical encoding of %+v:\n got %q\nwant %q", in, got, want)
+		}
+		view, _ := json.Marshal(transferView{ID: id, Src: src, Dst: dst, Amount: amount, Currency: currency, Reference: reference})
+		if got := transferBody(id, in); got != string(view)+"\n" {
+			t.Fatalf("body of %q %+v:\n got %q\nwant %q", id, in, got, string(view)+"\n")
+		}
+	})
+}

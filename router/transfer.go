@@ -2,7 +2,6 @@ package router
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -162,7 +161,6 @@ func (s *Server) buildRequest(r *http.Request, a admitted) idem.TransferRequest 
 	scope := a.client + ":" + operation
 	ksid := shardmap.KeyspaceID(in.Src)
 	id := TransferID(ksid, scope, a.key)
-	body, _ := json.Marshal(transferView{ID: id, Src: in.Src, Dst: in.Dst, Amount: in.Amount, Currency: in.Currency, Reference: in.Reference})
 	return idem.TransferRequest{
 		Scope: scope, Key: a.key, RequestHash: Fingerprint(r.Method, r.URL.Path, in),
 		KeyspaceID: ksid, DstKeyspaceID: shardmap.KeyspaceID(in.Dst), TransferID: id, Client: a.client,
@@ -171,9 +169,21 @@ func (s *Server) buildRequest(r *http.Request, a admitted) idem.TransferRequest 
 		Response: idem.Response{
 			Status:  http.StatusCreated,
 			Headers: map[string]string{"Content-Type": "application/json", "Location": "/transfers/" + id},
-			Body:    string(body) + "\n",
+			Body:    transferBody(id, in),
 		},
 	}
+}
+
+// transferBody is the 201 body of the transfer id: json.Marshal of its transferView (which has no
+// created_at and no credit yet) and a newline, built in one buffer.
+func transferBody(id string, in TransferInput) string {
+	var buf [512]byte
+	b := append(buf[:0], `{"id":`...)
+	b = appendJSONString(b, id)
+	b = append(b, ',')
+	b = appendTransferFields(b, in)
+	b = append(b, "}\n"...)
+	return string(b)
 }
 
 // route runs req on the shard that owns it, answers, and counts the outcome. A shard that says
