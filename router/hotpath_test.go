@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -100,4 +102,81 @@ func FuzzTransferEncoding(f *testing.F) {
 			t.Fatalf("body of %q %+v:\n got %q\nwant %q", id, in, got, string(view)+"\n")
 		}
 	})
+}
+
+// scanSeeds are bodies around the edges of what scanPlainTransfer reads.
+var scanSeeds = []string{
+	benchBodyPlain, benchBodyFull,
+	`{"src":1,"dst":2,"amount":3}`, " \t\r\n{ \"amount\" : 3 ,\"dst\":2, \"src\":1 } \n",
+	`{"src":-0,"dst":0,"amount":9223372036854775807,"currency":"EUR"}`,
+	`{"src":-9223372036854775808,"dst":9223372036854775808,"amount":1}`,
+	`{"src":01,"dst":2,"amount":3}`, `{"src":1.0,"dst":2,"amount":3e0}`, `{"src":-,"dst":2,"amount":3}`,
+	`{"src":1,"dst":2,"amount":3,"reference":"ü é 😀"}`, "{\"src\":1,\"dst\":2,\"amount\":3,\"reference\":\"\xed\xa0\x80\xff\"}",
+	`{"src":1,"dst":2,"amount":3,"reference":"a\"b"}`, `{"src":1,"dst":2,"amount":3,"reference":"\u00fc"}`,
+	`{"src":1,"src":1,"dst":2,"amount":3}`, `{"src":1,"dst":2}`, `{"src":1,"dst":2,"amount":3,}`, `{}`,
+	`{"src":1,"dst":2,"amount":3} {}`, `{"src":1,"dst":2,"amount":3,"currency":null}`, `{"src":"1","dst":2,"amount":3}`,
+	`{"src":1,"dst":2,"amount":3,"Currency":"USD"}`, `{"src":1,"dst":2,"amount":3,"x":[1,{"y":true}]}`,
+}
+
+// checkPlainScan fails t unless decodeFields accepts whatever scanPlainTransfer accepts, with
+// the same result.
+func checkPlainScan(t *testing.T, body []byte) bool {
+	t.Helper()
+	in, hasCurrency, ok := scanPlainTransfer(body)
+	if !ok {
+		return false
+	}
+	want, seen, err := decodeFields(body)
+	if err != nil || in != want || hasCurrency != seen["currency"] {
+		t.Fatalf("%q: scanned %+v (currency %v), decoded %+v (currency %v), %v", body, in, hasCurrency, want, seen["currency"], err)
+	}
+	return true
+}
+
+// FuzzScanPlainTransfer: the fast path of DecodeTransfer never accepts what the decoder would
+// refuse or read differently.
+func FuzzScanPlainTransfer(f *testing.F) {
+	for _, s := range scanSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) { checkPlainScan(t, []byte(body)) })
+}
+
+// TestScanPlainTransferAgreesWithDecoder runs FuzzScanPlainTransfer's check over random
+// mutations of its seeds on every test run, and checks that the bodies clients send do take the
+// fast path.
+func TestScanPlainTransferAgreesWithDecoder(t *testing.T) {
+	for _, body := range []string{benchBodyPlain, benchBodyFull, `{"src":1,"dst":2,"amount":3,"reference":"ü"}`} {
+		if _, _, ok := scanPlainTransfer([]byte(body)); !ok {
+			t.Errorf("%s does not take the fast path", body)
+		}
+	}
+	const alphabet = "{}[]\":,-+.eE0123456789 \t\r\n\\uabcdnrstl\x00\x1f\x7f\x80\xc3\xbc\xed\xff"
+	rng := rand.New(rand.NewPCG(11, 4))
+	accepted := 0
+	for _, seed := range scanSeeds {
+		for range 3000 {
+			b := []byte(seed)
+			for range 1 + rng.IntN(3) {
+				i := rng.IntN(len(b) + 1)
+				c := alphabet[rng.IntN(len(alphabet))]
+				switch rng.IntN(3) {
+				case 0:
+					b = slices.Insert(b, i, c)
+				case 1:
+					if i < len(b) {
+						b = slices.Delete(b, i, i+1)
+					}
+				default:
+					if i < len(b) {
+						b[i] = c
+					}
+				}
+			}
+			if checkPlainScan(t, b) {
+				accepted++
+			}
+		}
+	}
+	t.Logf("%d mutants took the fast path", accepted)
 }
