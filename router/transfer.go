@@ -102,8 +102,9 @@ func idempotencyKey(h http.Header) (string, *rejection) {
 // UTF-8 (RFC 8259 §8.1), and a body declared in another charset would be read as text the
 // client did not mean, so it is refused rather than guessed at.
 func checkMediaType(contentType string) *rejection {
-	if contentType == "" {
-		return nil
+	switch contentType {
+	case "", "application/json", "application/json; charset=utf-8":
+		return nil // what clients send, accepted without parsing (which allocates)
 	}
 	mt, params, err := mime.ParseMediaType(contentType)
 	if err != nil || mt != "application/json" {
@@ -123,18 +124,22 @@ func checkMediaType(contentType string) *rejection {
 // past the limit at most.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *rejection) {
 	limit := s.cfg.Transfers.MaxBodyBytes
-	tooLarge := rejected(probTooLarge, fmt.Sprintf("the body is over %d bytes, the most this router accepts", limit))
 	if r.ContentLength > limit {
-		return nil, tooLarge
+		return nil, tooLarge(limit)
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-		return nil, tooLarge
+		return nil, tooLarge(limit)
 	}
 	if err != nil {
 		return nil, rejected(probInvalidBody, fmt.Sprintf("the body could not be read to its end (%v); send it again", err))
 	}
 	return body, nil
+}
+
+// tooLarge refuses a body over limit bytes.
+func tooLarge(limit int64) *rejection {
+	return rejected(probTooLarge, fmt.Sprintf("the body is over %d bytes, the most this router accepts", limit))
 }
 
 // checkKeyAge refuses a UUIDv7 key from the future or older than retention. A UUIDv7 key carries
