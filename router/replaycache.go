@@ -17,8 +17,12 @@ import (
 // (max_entries × (key + response), about 1 KB each), and a replay may be served for a record a
 // DBA deleted by hand within the last TTL.
 type replayCache struct {
-	lru *expirable.LRU[string, cachedReplay]
+	lru *expirable.LRU[cacheKey, cachedReplay]
 }
+
+// cacheKey is a record's scope and key. A struct, not one joined string, so that neither a
+// lookup nor an insert builds a string.
+type cacheKey struct{ scope, key string }
 
 type cachedReplay struct {
 	requestHash string
@@ -30,10 +34,8 @@ func newReplayCache(c config.ReplayCache) *replayCache {
 	if c.MaxEntries == 0 {
 		return nil
 	}
-	return &replayCache{lru: expirable.NewLRU[string, cachedReplay](c.MaxEntries, nil, c.TTL)}
+	return &replayCache{lru: expirable.NewLRU[cacheKey, cachedReplay](c.MaxEntries, nil, c.TTL)}
 }
-
-func cacheKey(scope, key string) string { return scope + "\n" + key }
 
 // get returns the stored response of (scope, key) if the shard answered it as completed for
 // this very request.
@@ -41,7 +43,7 @@ func (c *replayCache) get(scope, key, requestHash string) (idem.Response, bool) 
 	if c == nil {
 		return idem.Response{}, false
 	}
-	e, ok := c.lru.Get(cacheKey(scope, key))
+	e, ok := c.lru.Get(cacheKey{scope, key})
 	if !ok || e.requestHash != requestHash {
 		return idem.Response{}, false
 	}
@@ -53,5 +55,5 @@ func (c *replayCache) remember(req idem.TransferRequest, res idem.TransferResult
 	if c == nil || (res.Outcome != idem.Applied && res.Outcome != idem.Replayed) {
 		return
 	}
-	c.lru.Add(cacheKey(req.Scope, req.Key), cachedReplay{requestHash: req.RequestHash, response: res.Response})
+	c.lru.Add(cacheKey{req.Scope, req.Key}, cachedReplay{requestHash: req.RequestHash, response: res.Response})
 }
