@@ -3,19 +3,11 @@ package router
 import (
 	"encoding/json"
 	"errors"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"unicode/utf8"
-
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/shardgate/shardgate/config"
-	"github.com/shardgate/shardgate/shardmap"
-	"github.com/shardgate/shardgate/topology"
 )
 
 // FuzzDecodeTransfer: any body either decodes to a valid transfer or is a client error; an
@@ -96,20 +88,7 @@ func FuzzPostTransfer(f *testing.F) {
 	f.Add(`"unterminated`, "", `{}`)
 	f.Add("k", "text/plain", `x`)
 	f.Add("k", "application/json; charset=utf-8", strings.Repeat("[", 5000))
-	cfg, err := config.Parse("router.yaml", []byte("auth:\n  mode: none\ntransfers:\n  max_body_bytes: 1024\n"))
-	if err != nil {
-		f.Fatal(err)
-	}
-	m, err := shardmap.Parse("shardmap.yaml", []byte("version: 1\nshards:\n  - name: s\n    dsn: postgres://u@127.0.0.1:1/db\n    ranges: [\"-\"]\n"), nil)
-	if err != nil {
-		f.Fatal(err)
-	}
-	topo, err := topology.Open(m, nil, cfg.ShardPool)
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer topo.Close()
-	srv := New(cfg, topo, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	srv := offlineServer(f, "auth:\n  mode: none\ntransfers:\n  max_body_bytes: 1024\n")
 	f.Fuzz(func(t *testing.T, key, contentType, body string) {
 		if _, err := ParseIdempotencyKey(key); err == nil {
 			if _, err := DecodeTransfer([]byte(body), "EUR"); err == nil && len(body) <= 1024 {

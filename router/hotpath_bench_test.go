@@ -58,7 +58,7 @@ func BenchmarkTransferID(b *testing.B) {
 }
 
 func BenchmarkBuildRequest(b *testing.B) {
-	s := offlineServer(b)
+	s := offlineServer(b, offlineYAML)
 	r := benchRequest(benchBodyFull)
 	a := admitted{client: "anonymous", key: benchKey,
 		in: TransferInput{Src: 123456, Dst: 123457, Amount: 4242, Currency: "USD", Reference: "invoice 2024-0042"}}
@@ -69,7 +69,7 @@ func BenchmarkBuildRequest(b *testing.B) {
 }
 
 func BenchmarkReplayCache(b *testing.B) {
-	s := offlineServer(b)
+	s := offlineServer(b, offlineYAML)
 	req := s.buildRequest(benchRequest(benchBodyPlain), admitted{client: "anonymous", key: benchKey,
 		in: TransferInput{Src: 123456, Dst: 123457, Amount: 4242, Currency: "EUR"}})
 	res := idem.TransferResult{Outcome: idem.Applied, Response: req.Response}
@@ -92,7 +92,7 @@ func BenchmarkReplayCache(b *testing.B) {
 // BenchmarkAnswerApplied is the answer to a transfer the shard applied: the stored 201 and its
 // count.
 func BenchmarkAnswerApplied(b *testing.B) {
-	s := offlineServer(b)
+	s := offlineServer(b, offlineYAML)
 	req := s.buildRequest(benchRequest(benchBodyPlain), admitted{client: "anonymous", key: benchKey,
 		in: TransferInput{Src: 123456, Dst: 123457, Amount: 4242, Currency: "EUR"}})
 	res := idem.TransferResult{Outcome: idem.Applied, Response: req.Response}
@@ -108,7 +108,7 @@ func BenchmarkAnswerApplied(b *testing.B) {
 func BenchmarkPostTransferReplay(b *testing.B) {
 	for _, bc := range []struct{ name, body string }{{"plain", benchBodyPlain}, {"full", benchBodyFull}} {
 		b.Run(bc.name, func(b *testing.B) {
-			s := offlineServer(b)
+			s := offlineServer(b, offlineYAML)
 			first := benchRequest(bc.body)
 			a, rej := s.admit(httptest.NewRecorder(), first)
 			if rej != nil {

@@ -51,7 +51,7 @@ var encodingCases = []TransferInput{
 // TestTransferBodyIsJSON: the stored 201 body is exactly json.Marshal of the transfer's view
 // and a newline, as it was when encoding/json wrote it.
 func TestTransferBodyIsJSON(t *testing.T) {
-	s := offlineServer(t)
+	s := offlineServer(t, offlineYAML)
 	r := httptest.NewRequest(http.MethodPost, "/transfers", strings.NewReader(""))
 	for _, in := range encodingCases {
 		req := s.buildRequest(r, admitted{client: "c", key: "k", in: in})
@@ -65,10 +65,15 @@ func TestTransferBodyIsJSON(t *testing.T) {
 	}
 }
 
-// offlineServer is a server over one shard that is never dialled, with the replay cache on.
-func offlineServer(tb testing.TB) *Server {
+// offlineYAML configures an offline server as the benchmarks measure it: no authentication,
+// the replay cache on (by default).
+const offlineYAML = "auth:\n  mode: none\n"
+
+// offlineServer is a server configured by routerYAML over one shard that is never dialled: for
+// what the router does before, or instead of, a shard's round trip.
+func offlineServer(tb testing.TB, routerYAML string) *Server {
 	tb.Helper()
-	cfg, err := config.Parse("router.yaml", []byte("auth:\n  mode: none\n"))
+	cfg, err := config.Parse("router.yaml", []byte(routerYAML))
 	if err != nil {
 		tb.Fatal(err)
 	}
