@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/shardmap"
@@ -129,5 +130,14 @@ func BenchmarkPostTransferReplay(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkWriteProblem is the answer to a request the router or its shard turns away: under
+// overload (shard busy, in progress) it is the most common answer.
+func BenchmarkWriteProblem(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		writeProblem(httptest.NewRecorder(), probInProgress, "the first attempt with this key has not finished; retry after the indicated delay", time.Second)
 	}
 }

@@ -185,3 +185,16 @@ func TestScanPlainTransferAgreesWithDecoder(t *testing.T) {
 	}
 	t.Logf("%d mutants took the fast path", accepted)
 }
+
+// FuzzProblemBody: a problem's body is byte for byte json.Marshal of its problem and a newline.
+func FuzzProblemBody(f *testing.F) {
+	for _, detail := range []string{"", "send an Idempotency-Key header", `field "s<r>c" & "\u2028"`, "\xff\x00é"} {
+		f.Add("idempotency-key-reused", "The Idempotency-Key was used for a different request", 422, detail)
+	}
+	f.Fuzz(func(t *testing.T, slug, title string, status int, detail string) {
+		want, _ := json.Marshal(problem{Type: ProblemBase + slug, Title: title, Status: status, Detail: detail})
+		if got := appendProblem(nil, problemType{slug, status, title}, detail); string(got) != string(want)+"\n" {
+			t.Fatalf("got %q, want %q", got, string(want)+"\n")
+		}
+	})
+}

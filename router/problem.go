@@ -1,7 +1,6 @@
 package router
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -51,7 +50,7 @@ type problem struct {
 
 // writeProblem answers with pt; retryAfter > 0 adds a Retry-After header in whole seconds.
 func writeProblem(w http.ResponseWriter, pt problemType, detail string, retryAfter time.Duration) {
-	body, _ := json.Marshal(problem{Type: ProblemBase + pt.slug, Title: pt.title, Status: pt.status, Detail: detail})
+	body := appendProblem(make([]byte, 0, 256), pt, detail)
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
@@ -59,7 +58,23 @@ func writeProblem(w http.ResponseWriter, pt problemType, detail string, retryAft
 		h.Set("Retry-After", strconv.Itoa(int((retryAfter+time.Second-1)/time.Second)))
 	}
 	w.WriteHeader(pt.status)
-	w.Write(append(body, '\n')) //nolint:errcheck // the client went away; nothing to do
+	w.Write(body) //nolint:errcheck // the client went away; nothing to do
+}
+
+// appendProblem appends the body of a problem of type pt: json.Marshal of its problem and a
+// newline, built by hand because overload answers every request with one.
+func appendProblem(b []byte, pt problemType, detail string) []byte {
+	b = append(b, `{"type":`...)
+	b = appendJSONString(b, ProblemBase+pt.slug)
+	b = append(b, `,"title":`...)
+	b = appendJSONString(b, pt.title)
+	b = append(b, `,"status":`...)
+	b = strconv.AppendInt(b, int64(pt.status), 10)
+	if detail != "" {
+		b = append(b, `,"detail":`...)
+		b = appendJSONString(b, detail)
+	}
+	return append(b, "}\n"...)
 }
 
 // maxQuoted is how many characters of client-supplied text a problem's detail repeats: enough to
