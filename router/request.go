@@ -166,6 +166,7 @@ func (p *plainScanner) plainString() ([]byte, bool) {
 	return nil, false
 }
 
+// stringValue is plainString as a Go string.
 func (p *plainScanner) stringValue() (string, bool) {
 	s, ok := p.plainString()
 	return string(s), ok
