@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -187,5 +188,38 @@ func TestTransferBatchSharedTransferID(t *testing.T) {
 				t.Errorf("%d legs, %d records, %d owed credits; want one of each", legs, records, owed)
 			}
 		})
+	}
+}
+
+// A group function refuses arrays it cannot read item by item, naming the problem, and writes
+// nothing: arrays of different lengths, and a kind that is neither leg (NULL included).
+func TestGroupFunctionsRefuseMalformedArrays(t *testing.T) {
+	ctx := context.Background()
+	pool := halfShard(t)
+	good, err := batchArgs([]TransferRequest{testTransfer("a", 1), testTransfer("b", 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withKinds := func(kinds []*string) []any { return append([]any{kinds}, good[1:]...) }
+	str := func(s string) *string { return &s }
+	cases := map[string][]any{
+		"a short array":  append(append([]any{}, good[:3]...), append([]any{[]string{"h"}}, good[4:]...)...),
+		"an empty array": append(append([]any{}, good[:13]...), []string{}, good[14]),
+		"a NULL kind":    withKinds([]*string{str("transfer_out"), nil}),
+		"another kind":   withKinds([]*string{str("transfer_out"), str("refund")}),
+	}
+	for _, fn := range []string{applyRows, applyBatch} {
+		for name, args := range cases {
+			_, err := pool.Exec(ctx, groupSQL(fn), args...)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "22023" || !strings.Contains(pgErr.Message, "differ in length, or a kind") {
+				t.Errorf("%s with %s: %v, want 22023 naming the arrays' problem", fn, name, err)
+			}
+		}
+	}
+	for _, key := range []string{"a", "b"} {
+		if l, n := counts(t, pool, key); l != 0 || n != 0 {
+			t.Errorf("%s: %d ledger rows and %d records after refused groups", key, l, n)
+		}
 	}
 }

@@ -30,7 +30,7 @@ func scratchDB(t *testing.T) *pgxpool.Pool {
 
 // migratedDB creates a fresh migrated database, owning nothing, with suffix in its name, and
 // returns a pool on it.
-func migratedDB(t *testing.T, suffix string) *pgxpool.Pool {
+func migratedDB(t testing.TB, suffix string) *pgxpool.Pool {
 	t.Helper()
 	pool := pgtest.NewDB(t, suffix)
 	if _, err := Migrate(context.Background(), pool); err != nil {
