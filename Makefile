@@ -42,6 +42,9 @@ fuzz:
 	$(GO) test ./router -run '^$$' -fuzz '^FuzzDecodeTransfer$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./router -run '^$$' -fuzz '^FuzzParseIdempotencyKey$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./router -run '^$$' -fuzz '^FuzzPostTransfer$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./router -run '^$$' -fuzz '^FuzzScanPlainTransfer$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./router -run '^$$' -fuzz '^FuzzTransferEncoding$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./router -run '^$$' -fuzz '^FuzzProblemBody$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./shardmap -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME)
 
 ## bench: one table of transfers/s at concurrency 1, 8, 64 and 256: the anchor CTE and the

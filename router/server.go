@@ -6,10 +6,12 @@ package router
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -127,8 +129,16 @@ type creditView struct {
 // ledger's unique (transfer_id, kind) makes a second debit for one key impossible even after the
 // key's idempotency record has expired.
 func TransferID(keyspaceID uint64, scope, key string) string {
-	h := sha256.Sum256([]byte(scope + "\n" + key))
-	return fmt.Sprintf("%016x%s", keyspaceID, hex.EncodeToString(h[:16]))
+	var buf [256]byte
+	h := sha256.Sum256(append(append(append(buf[:0], scope...), '\n'), key...))
+	// The keyspace id as 16 hex digits (big-endian, as %016x writes it), then the hash's first
+	// half: in fixed arrays, so that the id is the only allocation.
+	var raw [8 + 16]byte
+	binary.BigEndian.PutUint64(raw[:8], keyspaceID)
+	copy(raw[8:], h[:16])
+	var id [2 * len(raw)]byte
+	hex.Encode(id[:], raw[:])
+	return string(id[:])
 }
 
 // parseTransferID returns the keyspace id an id routes by.
@@ -223,7 +233,7 @@ func writeStored(w http.ResponseWriter, resp idem.Response, replayed bool) {
 		h.Set("Idempotent-Replayed", "true")
 	}
 	w.WriteHeader(resp.Status)
-	w.Write([]byte(resp.Body)) //nolint:errcheck // the client went away; the stored response awaits its retry
+	io.WriteString(w, resp.Body) //nolint:errcheck // the client went away; the stored response awaits its retry
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -11,9 +11,9 @@
 --   - it writes the leg, its record, and the debit's credit or owed credit in one statement
 --     (data-modifying CTEs: they need no fresher snapshot than the lookup's), and turns the
 --     result into per-item outcomes in the same statement;
---   - both check their arrays with a plain expression instead of a query, read the map version
---     only when an item is not_owner (still under the shared lock), and shardgate_apply_rows
---     checks ownership of every item's account and counterparty once per group.
+--   - both check their arrays with a plain expression instead of a query, and read the map
+--     version only when an item is not_owner (still under the shared lock);
+--   - shardgate_apply_rows writes an item's leg, record and credit in one statement too.
 -- The set-wise function now costs less per item from four items instead of eight
 -- (idem.setWiseFrom). What stays separate is what must: the try-locks come before the lookup, in
 -- an earlier statement, so that the lookup's snapshot sees whatever committed before the locks
@@ -212,8 +212,7 @@ DECLARE
     n integer := coalesce(array_length(p_keys, 1), 0);
     claimed text[] := '{}';   -- scope || E'\n' || key of the items this call claimed
     claimed_hash text[] := '{}';
-    owned boolean[];          -- per item: this shard owns its account
-    here boolean[];           -- per item: a debit whose counterparty this shard owns too
+    here boolean;             -- the item is a debit whose counterparty this shard owns too
     map_version bigint;
     ident text;
     pos integer;
@@ -234,10 +233,6 @@ BEGIN
     -- Shared with every transfer, exclusive for an ownership change (idem.ApplyOwnership), so a
     -- range is never revoked under a transfer that already checked it. Once for the group.
     PERFORM pg_advisory_xact_lock_shared(21319, 1);
-    SELECT array_agg(EXISTS (SELECT 1 FROM shardgate_owned_range o WHERE o.active AND o.lo <= t.ks AND (o.hi IS NULL OR t.ks < o.hi)) ORDER BY t.i),
-           array_agg(t.kind = 'transfer_out' AND t.cks IS NOT NULL AND EXISTS (SELECT 1 FROM shardgate_owned_range o WHERE o.active AND o.lo <= t.cks AND (o.hi IS NULL OR t.cks < o.hi)) ORDER BY t.i)
-      INTO owned, here
-      FROM unnest(p_keyspaces, p_counter_keyspaces, p_kinds) WITH ORDINALITY AS t(ks, cks, kind, i);
 
     FOR i IN 1 .. n LOOP
         idx := i;
@@ -247,7 +242,8 @@ BEGIN
         credit_settled := NULL;
         ident := p_scopes[i] || E'\n' || p_keys[i];
 
-        IF NOT owned[i] THEN
+        IF NOT EXISTS (SELECT 1 FROM shardgate_owned_range o
+                        WHERE o.active AND o.lo <= p_keyspaces[i] AND (o.hi IS NULL OR p_keyspaces[i] < o.hi)) THEN
             IF map_version IS NULL THEN
                 SELECT s.map_version INTO map_version FROM shardgate_shard s;
             END IF;
@@ -295,6 +291,9 @@ BEGIN
         -- The leg, its completed record (raising 23514 when upkeep has not created the partition
         -- for now(): the whole statement then rolls back), and a debit's credit: here, fenced by
         -- the same lock, when this shard owns dst, else owed. All or nothing: the leg decides.
+        here := p_kinds[i] = 'transfer_out' AND p_counter_keyspaces[i] IS NOT NULL AND EXISTS (
+            SELECT 1 FROM shardgate_owned_range o
+             WHERE o.active AND o.lo <= p_counter_keyspaces[i] AND (o.hi IS NULL OR p_counter_keyspaces[i] < o.hi));
         WITH leg AS (
             INSERT INTO ledger_entries (transfer_id, keyspace_id, account_id, counterparty_id, amount, currency, kind, reference, client)
             VALUES (p_transfer_ids[i], p_keyspaces[i], p_accounts[i], p_counterparties[i], p_amounts[i], p_currencies[i], p_kinds[i], p_references[i], p_clients[i])
@@ -306,12 +305,12 @@ BEGIN
         credit AS (
             INSERT INTO ledger_entries (transfer_id, keyspace_id, account_id, counterparty_id, amount, currency, kind, reference, client)
             SELECT p_transfer_ids[i], p_counter_keyspaces[i], p_counterparties[i], p_accounts[i], p_amounts[i], p_currencies[i], 'transfer_in', p_references[i], p_clients[i]
-              FROM leg WHERE here[i]
+              FROM leg WHERE here
             ON CONFLICT (transfer_id, kind) DO NOTHING),
         owed AS (
             INSERT INTO shardgate_credit_outbox (transfer_id, keyspace_id, src, dst, amount, currency, reference, client, debited_at)
             SELECT p_transfer_ids[i], p_keyspaces[i], p_accounts[i], p_counterparties[i], p_amounts[i], p_currencies[i], p_references[i], p_clients[i], now()
-              FROM leg WHERE p_kinds[i] = 'transfer_out' AND NOT here[i])
+              FROM leg WHERE p_kinds[i] = 'transfer_out' AND NOT here)
         SELECT EXISTS (SELECT 1 FROM leg) INTO wrote;
         IF NOT wrote THEN
             -- As in 0002: expired only for a leg older than retention.
@@ -326,7 +325,7 @@ BEGIN
             CONTINUE;
         END IF;
         IF p_kinds[i] = 'transfer_out' THEN
-            credit_settled := here[i];
+            credit_settled := here;
         END IF;
         claimed := claimed || ident;
         claimed_hash := claimed_hash || p_request_hashes[i];
