@@ -132,14 +132,16 @@ func decodeOutcome(r TransferRequest, outcome string, stored []byte, mapVersion 
 }
 
 // The two functions that run a group, with one contract: shardgate_apply_rows works item by
-// item, shardgate_apply_batch set-wise, which costs less per item from setWiseFrom items
-// (BenchmarkGroupFunctions: since migration 0005 the two cost the same at three items, and the
-// set-wise one 5-25% less from four).
+// item, shardgate_apply_batch set-wise.
 const (
-	applyRows   = "shardgate_apply_rows"
-	applyBatch  = "shardgate_apply_batch"
-	setWiseFrom = 4
+	applyRows  = "shardgate_apply_rows"
+	applyBatch = "shardgate_apply_batch"
 )
+
+// setWiseFrom is the smallest group that TransferBatch sends set-wise: from here a group costs
+// less per item through shardgate_apply_batch (BenchmarkGroupFunctions: since migration 0005 the
+// two functions cost the same at three items, and the set-wise one 5-25% less from four).
+const setWiseFrom = 4
 
 // groupSQL is a whole group through fn: one statement, one round trip, one commit.
 func groupSQL(fn string) string {
