@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/internal/pgtest"
+	"github.com/shardgate/shardgate/internal/testkit"
 	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/shardmap"
 )
@@ -40,27 +41,11 @@ func newCluster(t *testing.T, names ...string) *cluster {
 
 func (c *cluster) pool(name string) *pgxpool.Pool { return c.pools[name] }
 
-// mapOf parses a map of version v; owners is "shard=range,range shard=range ..." (an empty
-// range list drains the shard).
+// mapOf parses a map of version v; owners is as testkit.ShardMap's (an empty range list drains
+// the shard).
 func (c *cluster) mapOf(v int64, owners string) *shardmap.Map {
 	c.t.Helper()
-	var b strings.Builder
-	fmt.Fprintf(&b, "version: %d\nshards:\n", v)
-	for _, o := range strings.Fields(owners) {
-		name, ranges, _ := strings.Cut(o, "=")
-		quoted := []string{}
-		for _, r := range strings.Split(ranges, ",") {
-			if r != "" {
-				quoted = append(quoted, fmt.Sprintf("%q", r))
-			}
-		}
-		fmt.Fprintf(&b, "  - {name: %s, dsn: host=unused, ranges: [%s]}\n", name, strings.Join(quoted, ", "))
-	}
-	m, err := shardmap.Parse("shardmap.yaml", []byte(b.String()), nil)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return m
+	return testkit.ShardMap(c.t, v, owners, testkit.UnusedDSN)
 }
 
 func (c *cluster) apply(m *shardmap.Map) ([]MoveReport, error) {

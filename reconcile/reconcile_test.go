@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/internal/pgtest"
+	"github.com/shardgate/shardgate/internal/testkit"
 	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/shardmap"
 )
@@ -47,27 +48,10 @@ func newCluster(t *testing.T, v int64, owners string) *cluster {
 	return c
 }
 
-// mapOf parses a map of version v; owners is "shard=range,range shard=range ..." (an empty
-// range list owns nothing).
+// mapOf parses a map of version v; owners is as testkit.ShardMap's.
 func mapOf(t *testing.T, v int64, owners string) *shardmap.Map {
 	t.Helper()
-	var b strings.Builder
-	fmt.Fprintf(&b, "version: %d\nshards:\n", v)
-	for _, o := range strings.Fields(owners) {
-		name, ranges, _ := strings.Cut(o, "=")
-		var quoted []string
-		for _, r := range strings.Split(ranges, ",") {
-			if r != "" {
-				quoted = append(quoted, fmt.Sprintf("%q", r))
-			}
-		}
-		fmt.Fprintf(&b, "  - {name: %s, dsn: host=unused, ranges: [%s]}\n", name, strings.Join(quoted, ", "))
-	}
-	m, err := shardmap.Parse("shardmap.yaml", []byte(b.String()), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
+	return testkit.ShardMap(t, v, owners, testkit.UnusedDSN)
 }
 
 // grant makes every shard of m own its ranges of m (a range it owned before and m does not

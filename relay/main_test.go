@@ -1,7 +1,6 @@
 package relay_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -22,6 +21,7 @@ import (
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/internal/pgtest"
+	"github.com/shardgate/shardgate/internal/testkit"
 	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/rangemove"
 	"github.com/shardgate/shardgate/relay"
@@ -87,31 +87,16 @@ func closedPort(t *testing.T) int {
 
 func (c *cluster) pool(name string) *pgxpool.Pool { return c.pools[name] }
 
-// mapOf parses a map of version v; owners is "shard=range,range shard=range ..." (an empty list
-// owns nothing). The shards named in down get a DSN of a closed port.
+// mapOf parses a map of version v; owners is as testkit.ShardMap's. The shards named in down
+// get a DSN of a closed port.
 func (c *cluster) mapOf(v int64, owners string, down ...string) *shardmap.Map {
 	c.t.Helper()
-	var b strings.Builder
-	fmt.Fprintf(&b, "version: %d\nshards:\n", v)
-	for _, o := range strings.Fields(owners) {
-		name, ranges, _ := strings.Cut(o, "=")
-		var quoted []string
-		for _, r := range strings.Split(ranges, ",") {
-			if r != "" {
-				quoted = append(quoted, strconv.Quote(r))
-			}
-		}
-		dsn := c.dsns[name]
+	return testkit.ShardMap(c.t, v, owners, func(name string) string {
 		if slices.Contains(down, name) {
-			dsn = c.dead
+			return c.dead
 		}
-		fmt.Fprintf(&b, "  - {name: %s, dsn: %s, ranges: [%s]}\n", name, strconv.Quote(dsn), strings.Join(quoted, ", "))
-	}
-	m, err := shardmap.Parse("shardmap.yaml", []byte(b.String()), nil)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return m
+		return c.dsns[name]
+	})
 }
 
 // apply makes the shards own m's ranges, moving rows as `router shardmap apply` does.
@@ -481,11 +466,11 @@ func (tp *topos) swap(m *shardmap.Map) {
 type testRelay struct {
 	*relay.Relay
 	reg  *prometheus.Registry
-	logs *syncBuffer
+	logs *testkit.SyncBuffer
 }
 
 func newRelay(cfg *config.Config, tp relay.Topologies) testRelay {
-	r := testRelay{reg: prometheus.NewPedanticRegistry(), logs: &syncBuffer{}}
+	r := testRelay{reg: prometheus.NewPedanticRegistry(), logs: &testkit.SyncBuffer{}}
 	r.Relay = relay.New(cfg, tp, slog.New(slog.NewTextHandler(r.logs, nil)), r.reg)
 	return r
 }
@@ -542,22 +527,4 @@ func (r testRelay) deliveries(t *testing.T, shard, outcome string) float64 {
 	t.Helper()
 	v, _ := r.metric(t, "shardgate_credit_deliveries_total", "shard", shard, "outcome", outcome)
 	return v
-}
-
-// syncBuffer is a log sink safe for the relay's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -2,7 +2,6 @@ package router
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/internal/testkit"
 	"github.com/shardgate/shardgate/shardmap"
 	"github.com/shardgate/shardgate/topology"
 )
@@ -33,7 +33,7 @@ import (
 // meets a shard that is down or refuses the router's login.
 type testServer struct {
 	*Server
-	logs *syncBuffer
+	logs *testkit.SyncBuffer
 	reg  *prometheus.Registry
 }
 
@@ -52,31 +52,13 @@ func newTestServer(t *testing.T, routerYAML, dsn string) *testServer {
 		t.Fatal(err)
 	}
 	t.Cleanup(topo.Close)
-	logs := &syncBuffer{}
+	logs := &testkit.SyncBuffer{}
 	reg := prometheus.NewRegistry()
 	return &testServer{Server: New(cfg, topo, slog.New(slog.NewTextHandler(logs, nil)), reg), logs: logs, reg: reg}
 }
 
 // downDSN is a shard nothing listens on: connecting is refused at once.
 const downDSN = "postgres://u@127.0.0.1:1/db?sslmode=disable&connect_timeout=2"
-
-// syncBuffer is a log sink safe for the pool's goroutines and the handler's.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // refusingShard listens like PostgreSQL and answers every login with a FATAL error of SQLSTATE
 // code, as a shard does to a wrong password (28P01), an unknown role or pg_hba refusal (28000),

@@ -11,32 +11,19 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/shardgate/shardgate/internal/localpg"
 	"github.com/shardgate/shardgate/internal/service"
+	"github.com/shardgate/shardgate/internal/testkit"
 )
-
-// syncBuffer is a bytes.Buffer safe for the dev goroutine and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // startDev runs `router dev` with args until the returned stop is called, once it is up.
 func startDev(t *testing.T, args ...string) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	out := &syncBuffer{}
+	out := &testkit.SyncBuffer{}
 	done := make(chan error, 1)
 	go func() { done <- dev(ctx, args, out, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
 	deadline := time.After(2 * time.Minute)
