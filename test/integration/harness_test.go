@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -16,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +23,7 @@ import (
 	"github.com/shardgate/shardgate/api"
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/internal/service"
+	"github.com/shardgate/shardgate/internal/testkit"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardgatetest"
 	"github.com/shardgate/shardgate/shardmap"
@@ -49,9 +48,9 @@ var env struct {
 	svc     *service.Service // the suite's router; its relay runs only when a test calls svc.Relay.Pass
 	srv     *router.Server
 	url     string
-	log     *slog.Logger   // every router's log, kept in logs
-	logs    lockedBuffer   // checked for secrets after the run
-	api     *api.Validator // doAt checks every answer against api/openapi.yaml
+	log     *slog.Logger       // every router's log, kept in logs
+	logs    testkit.SyncBuffer // checked for secrets after the run
+	api     *api.Validator     // doAt checks every answer against api/openapi.yaml
 }
 
 func TestMain(m *testing.M) {
@@ -158,24 +157,6 @@ func secretsIn(logs string) []string {
 		}
 	}
 	return leaked
-}
-
-// lockedBuffer collects log output from concurrent requests.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // Two clients, so scoping can be tested: tokens "token-a" and "token-b".
