@@ -240,7 +240,13 @@ func Secrets(dsn string) []string {
 			vals = append(vals, pw, url.PathEscape(pw), url.QueryEscape(pw))
 		}
 		for _, kv := range strings.Split(u.RawQuery, "&") {
-			k, raw, _ := strings.Cut(kv, "=")
+			k, raw, found := strings.Cut(kv, "=")
+			if !found {
+				// The driver refuses a parameter without '=' and quotes it whole; it may hold a
+				// DSN of its own (a ${VAR} expanded into the query), so read it as one.
+				vals = append(vals, Secrets(kv)...)
+				continue
+			}
 			if key, err := url.QueryUnescape(k); err == nil && isSecretKey(key) {
 				vals = append(vals, raw)
 				if v, err := url.QueryUnescape(raw); err == nil {

@@ -103,6 +103,9 @@ func TestCheckNeverQuotesPassword(t *testing.T) {
 		`host=h password='s3 cr3t' port=notaport`,
 		`host=h password = 's3\'cr3t' sslmode=sometimes`,
 		`postgres://u:s3cr3t@h:5432/db?sslmode=sometimes`,
+		// A DSN expanded into another's query: a parameter without '=', quoted whole.
+		`postgres://h/db?postgres://u:s3cr3t@h/db`,
+		`postgres://h/db?sslmode=disable&postgres://u:s3cr3t@h/db`,
 	} {
 		err := Check(dsn)
 		if err == nil {
