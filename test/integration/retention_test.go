@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/partition"
 )
@@ -121,6 +124,9 @@ func TestUpkeepUnderLoadFailsNoTransfer(t *testing.T) {
 	seedFrom := time.Date(2002, 1, 1, 0, 0, 0, 0, time.UTC)
 	const seeded = 30
 	for _, s := range env.m.Shards {
+		// Partitions an earlier test (or an earlier run on the same shards) made far ahead would
+		// leave the upkeeps below nothing to create.
+		dropEmptyPartitionsFrom(t, env.pools[s.Name], time.Now().AddDate(0, 0, 3))
 		if _, err := idem.EnsurePartitions(ctx, env.pools[s.Name], partition.Daily, seedFrom, seeded-1); err != nil {
 			t.Fatal(err)
 		}
@@ -211,6 +217,36 @@ func TestUpkeepUnderLoadFailsNoTransfer(t *testing.T) {
 		if _, err := idem.Upkeep(ctx, env.pools[s.Name], idem.UpkeepOptions{Interval: partition.Daily, Ahead: 2,
 			Retention: time.Since(seedFrom.AddDate(0, 0, seeded))}); err != nil {
 			t.Error(err)
+		}
+	}
+}
+
+// dropEmptyPartitionsFrom drops the daily partitions of idempotency_record on pool that start at
+// or after from's day; each must be empty (nothing is stored ahead of now).
+func dropEmptyPartitionsFrom(t *testing.T, pool *pgxpool.Pool, from time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	rows, err := pool.Query(ctx, `SELECT c.relname FROM pg_inherits i
+		JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent
+		WHERE p.relname = 'idempotency_record'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := partition.At(partition.Daily, from).From
+	for _, name := range names {
+		if p, ok := partition.ParseName(name); !ok || p.From.Before(first) {
+			continue
+		}
+		var n int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{name}.Sanitize()).Scan(&n); err != nil || n != 0 {
+			t.Fatalf("partition %s ahead of now holds %d rows (%v)", name, n, err)
+		}
+		if _, err := pool.Exec(ctx, "DROP TABLE "+pgx.Identifier{name}.Sanitize()); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
