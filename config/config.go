@@ -94,10 +94,30 @@ type ShardPool struct {
 }
 
 // GroupCommit sends concurrent new-key transfers bound for one shard to it together: one
-// statement and one commit for the group. There is no timer: a group forms only from
-// transfers that arrive while the shard's previous group is in flight.
+// statement and one commit for the group. Nothing waits for a timer to form a group: a transfer
+// that finds no group of its shard in flight goes at once, and a group forms only from transfers
+// that arrive while one is. One group is in flight per shard unless it stalls: a group still in
+// flight after StallAfter (blocked on a lock, say) lets the next go beside it, up to MaxInFlight.
 type GroupCommit struct {
-	MaxBatch int // transfers in one group at most; 1 sends every transfer alone
+	MaxBatch    int           // transfers in one group at most; 1 sends every transfer alone
+	MaxInFlight int           // groups of one shard in flight at once when groups stall (at most shard_pool.max_conns)
+	StallAfter  time.Duration // how long a group is in flight before the next may go beside it
+}
+
+// validate reports what is wrong with gc, given the shard pool its groups take connections from.
+func (gc GroupCommit) validate(sp ShardPool) []string {
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	if gc.MaxBatch < 1 || gc.MaxBatch > 1000 {
+		bad("group_commit.max_batch: %d must be between 1 (group commit off: every transfer alone) and 1000", gc.MaxBatch)
+	}
+	if gc.MaxInFlight < 1 || gc.MaxInFlight > 1000 {
+		bad("group_commit.max_in_flight: %d must be between 1 and 1000", gc.MaxInFlight)
+	}
+	if gc.StallAfter <= 0 || gc.StallAfter >= sp.RequestTimeout {
+		bad("group_commit.stall_after: %s must be positive and below shard_pool.request_timeout (%s)", gc.StallAfter, sp.RequestTimeout)
+	}
+	return problems
 }
 
 // ReplayCache keeps, per router, the responses shards answered as completed, so that a retry
@@ -140,7 +160,9 @@ type file struct {
 		RetryAfter     *duration `yaml:"retry_after"`
 	} `yaml:"shard_pool"`
 	GroupCommit struct {
-		MaxBatch *int `yaml:"max_batch"`
+		MaxBatch    *int      `yaml:"max_batch"`
+		MaxInFlight *int      `yaml:"max_in_flight"`
+		StallAfter  *duration `yaml:"stall_after"`
 	} `yaml:"group_commit"`
 	ReplayCache struct {
 		MaxEntries *int      `yaml:"max_entries"`
@@ -261,7 +283,11 @@ func withDefaults(path string, f *file) (*Config, []string) {
 			RequestTimeout: durOr(f.ShardPool.RequestTimeout, 5*time.Second),
 			RetryAfter:     durOr(f.ShardPool.RetryAfter, time.Second),
 		},
-		GroupCommit: GroupCommit{MaxBatch: deref(f.GroupCommit.MaxBatch, 64)},
+		GroupCommit: GroupCommit{
+			MaxBatch:    deref(f.GroupCommit.MaxBatch, 64),
+			MaxInFlight: deref(f.GroupCommit.MaxInFlight, 4),
+			StallAfter:  durOr(f.GroupCommit.StallAfter, 20*time.Millisecond),
+		},
 		ReplayCache: ReplayCache{MaxEntries: deref(f.ReplayCache.MaxEntries, 16384), TTL: durOr(f.ReplayCache.TTL, 5*time.Minute)},
 		Relay: Relay{
 			Enabled:      deref(f.Relay.Enabled, true),
@@ -371,9 +397,7 @@ func (c *Config) validate() []string {
 	} else if rc.MaxEntries > 0 && (rc.TTL <= 0 || rc.TTL >= c.Idempotency.ReplayWindow) {
 		bad("replay_cache.ttl: %s must be positive and below idempotency.replay_window (%s), so that no cached replay outlives retention", rc.TTL, c.Idempotency.ReplayWindow)
 	}
-	if c.GroupCommit.MaxBatch < 1 || c.GroupCommit.MaxBatch > 1000 {
-		bad("group_commit.max_batch: %d must be between 1 (group commit off: every transfer alone) and 1000", c.GroupCommit.MaxBatch)
-	}
+	problems = append(problems, c.GroupCommit.validate(c.ShardPool)...)
 	problems = append(problems, c.Relay.validate(c.ShardPool.RequestTimeout)...)
 	return append(problems, c.validateListeners()...)
 }

@@ -1,9 +1,11 @@
 // Package groupcommit sends concurrent requests bound for one destination together, as one
-// group, to amortize what each would pay alone (for shardgate, a shard's commit). It has no
-// timer: a request that finds a flusher free goes out at once, alone if it is alone, so a lone
-// request at low load waits for nothing. Groups form only from requests that arrive while every
-// flusher is busy with an earlier group, up to a cap. The caller's flush decides, per item, what
-// the group's failure means.
+// group, to amortize what each would pay alone (for shardgate, a shard's commit). No request
+// waits for a timer to form a group: a request that finds no flusher at work goes out at once,
+// alone if it is alone, so a lone request at low load waits for nothing. Groups form only from
+// requests that arrive while a group is in flight, up to a cap. With StallAfter set, one group is
+// in flight at a time, so groups grow as large as the load allows, and a timer only watches for
+// a group that stalls: one in flight longer than StallAfter lets the next go beside it. The
+// caller's flush decides, per item, what the group's failure means.
 package groupcommit
 
 import (
@@ -21,7 +23,13 @@ type Result[R any] struct {
 // Options bound a Batcher.
 type Options struct {
 	MaxBatch int // items in one group at most (at least 1)
-	Parallel int // groups in flight at once (at least 1)
+	Parallel int // groups in flight at once at most (at least 1)
+	// StallAfter, if positive, keeps one group in flight while groups are quick: a second goes
+	// out beside it only once it has been in flight this long (say, blocked on a lock), and so on
+	// up to Parallel. Zero lets up to Parallel groups go out freely.
+	StallAfter time.Duration
+	// OnStall, if set, is called each time a flush passes StallAfter.
+	OnStall func()
 	// Observe, if set, is called for every group before its flush, with its size and how long
 	// each item waited to join it. It must be quick: it runs on the flush path.
 	Observe func(size int, waited []time.Duration)
@@ -35,6 +43,13 @@ type Batcher[Q, R any] struct {
 	mu      sync.Mutex
 	pending []*call[Q, R]
 	running int // flushers at work
+	active  int // of them, those not stalled (in a flush for longer than StallAfter)
+}
+
+// flushing is one flusher's current flush, as its stall timer sees it.
+type flushing struct {
+	done    bool
+	stalled bool
 }
 
 type call[Q, R any] struct {
@@ -60,10 +75,7 @@ func (b *Batcher[Q, R]) Do(ctx context.Context, item Q) (R, error) {
 	c := &call[Q, R]{item: item, queued: time.Now(), done: make(chan struct{})}
 	b.mu.Lock()
 	b.pending = append(b.pending, c)
-	start := b.running < b.opts.Parallel
-	if start {
-		b.running++
-	}
+	start := b.mayStart()
 	b.mu.Unlock()
 	if start {
 		go b.run()
@@ -83,6 +95,17 @@ func (b *Batcher[Q, R]) Do(ctx context.Context, item Q) (R, error) {
 	b.mu.Unlock()
 	<-c.done
 	return c.res.Value, c.res.Err
+}
+
+// mayStart reports whether a new flusher may start, and counts it as started if so; b.mu is
+// held.
+func (b *Batcher[Q, R]) mayStart() bool {
+	if b.running >= b.opts.Parallel || (b.opts.StallAfter > 0 && b.active > 0) {
+		return false
+	}
+	b.running++
+	b.active++
+	return true
 }
 
 // withdraw removes c from the queue; b.mu is held.
@@ -114,11 +137,49 @@ func (b *Batcher[Q, R]) run() {
 			}
 			b.opts.Observe(len(group), waited)
 		}
-		results := b.flush(items)
+		results := b.flushWatched(items)
 		for i, c := range group {
 			c.res = results[i]
 			close(c.done)
 		}
+	}
+}
+
+// flushWatched flushes items; with StallAfter set, a flush that takes longer counts as stalled
+// until it returns, and lets another flusher start for the items queued behind it.
+func (b *Batcher[Q, R]) flushWatched(items []Q) []Result[R] {
+	if b.opts.StallAfter <= 0 {
+		return b.flush(items)
+	}
+	f := &flushing{}
+	t := time.AfterFunc(b.opts.StallAfter, func() { b.stall(f) })
+	results := b.flush(items)
+	t.Stop()
+	b.mu.Lock()
+	f.done = true
+	if f.stalled {
+		b.active++
+	}
+	b.mu.Unlock()
+	return results
+}
+
+// stall marks f stalled and starts a flusher for the queue if none is active.
+func (b *Batcher[Q, R]) stall(f *flushing) {
+	b.mu.Lock()
+	if f.done {
+		b.mu.Unlock()
+		return
+	}
+	f.stalled = true
+	b.active--
+	start := len(b.pending) > 0 && b.mayStart()
+	b.mu.Unlock()
+	if b.opts.OnStall != nil {
+		b.opts.OnStall()
+	}
+	if start {
+		go b.run()
 	}
 }
 
@@ -127,8 +188,11 @@ func (b *Batcher[Q, R]) run() {
 func (b *Batcher[Q, R]) next() []*call[Q, R] {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if len(b.pending) == 0 {
+	// Stop when the queue is empty, and also, after a stall, when another flusher is active: it
+	// takes the queue, so the groups grow back to their size with one in flight.
+	if len(b.pending) == 0 || (b.opts.StallAfter > 0 && b.active > 1) {
 		b.running--
+		b.active--
 		return nil
 	}
 	n := min(len(b.pending), b.opts.MaxBatch)

@@ -116,3 +116,121 @@ func TestWithdrawnBeforeItsGroup(t *testing.T) {
 		t.Errorf("groups %v, want %v: the withdrawn item must not be flushed", e.sizes, want)
 	}
 }
+
+// gated flushes at once, except that a group holding a negative item waits for release; it
+// counts the flushes in progress.
+type gated struct {
+	release  chan struct{}
+	inFlight atomic.Int64
+	most     atomic.Int64 // the most flushes seen in progress at once
+	groups   atomic.Int64
+}
+
+func (g *gated) flush(items []int) []Result[int] {
+	n := g.inFlight.Add(1)
+	defer g.inFlight.Add(-1)
+	g.groups.Add(1)
+	for m := g.most.Load(); n > m && !g.most.CompareAndSwap(m, n); m = g.most.Load() {
+	}
+	out := make([]Result[int], len(items))
+	for i, it := range items {
+		if it < 0 {
+			<-g.release
+		}
+		out[i].Value = it
+	}
+	return out
+}
+
+// With StallAfter, a group that stays in flight too long (blocked on a lock, say) does not hold
+// up the requests queued behind it: a second group goes out beside it after StallAfter, and
+// every request that does not depend on the stuck one is answered.
+func TestStalledGroupLetsTheNextGo(t *testing.T) {
+	g := &gated{release: make(chan struct{})}
+	var stalls atomic.Int64
+	b := New(Options{MaxBatch: 8, Parallel: 4, StallAfter: 20 * time.Millisecond, OnStall: func() { stalls.Add(1) }}, g.flush)
+	stuck := make(chan error, 1)
+	go func() { _, err := b.Do(context.Background(), -1); stuck <- err }()
+	for g.inFlight.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	for i := range 20 {
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		v, err := b.Do(ctx, i)
+		cancel()
+		if v != i || err != nil {
+			t.Fatalf("Do(%d) beside a stuck group = %d, %v", i, v, err)
+		}
+		// The stuck flush's timer started just before this request, so allow for that.
+		if d := time.Since(start); i == 0 && d < 10*time.Millisecond {
+			t.Errorf("the first request behind the stuck group went after %s, before StallAfter", d)
+		}
+	}
+	close(g.release)
+	if err := <-stuck; err != nil {
+		t.Fatalf("the stuck request: %v", err)
+	}
+	if m := g.most.Load(); m != 2 {
+		t.Errorf("at most %d groups in flight, want 2 (the stuck one and one beside it)", m)
+	}
+	if stalls.Load() == 0 {
+		t.Error("OnStall was not called for the stuck group")
+	}
+}
+
+// With StallAfter, quick groups keep to one in flight, however many requests wait and however
+// large Parallel is: the queue forms the next group, up to MaxBatch.
+func TestQuickGroupsKeepOneInFlight(t *testing.T) {
+	e := &echo{release: make(chan struct{})}
+	b := New(Options{MaxBatch: 4, Parallel: 8, StallAfter: time.Hour}, e.flush)
+	go b.Do(context.Background(), 0) //nolint:errcheck // holds the flusher
+	for !func() bool { e.mu.Lock(); defer e.mu.Unlock(); return len(e.sizes) == 1 }() {
+		time.Sleep(time.Millisecond)
+	}
+	var wg sync.WaitGroup
+	for i := range 10 {
+		wg.Go(func() { b.Do(context.Background(), i+1) }) //nolint:errcheck // checked by the sizes
+	}
+	for !func() bool { b.mu.Lock(); defer b.mu.Unlock(); return len(b.pending) == 10 }() {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond) // a second flusher, if one were allowed, would start here
+	close(e.release)
+	wg.Wait()
+	if want := []int{1, 4, 4, 2}; !slices.Equal(e.sizes, want) {
+		t.Errorf("group sizes %v, want %v: one group in flight at a time", e.sizes, want)
+	}
+}
+
+// After a stall ends, the flushers that were let out beside the stuck one stop, and groups keep
+// to one in flight again; nothing is left running once the queue is empty.
+func TestFlushersFallBackAfterAStall(t *testing.T) {
+	g := &gated{release: make(chan struct{})}
+	// StallAfter is long enough that no quick flush below takes it, even under -race on a busy machine.
+	b := New(Options{MaxBatch: 64, Parallel: 4, StallAfter: 100 * time.Millisecond}, g.flush)
+	var wg sync.WaitGroup
+	for i := range 3 { // three stuck groups: each lets the next go after StallAfter
+		wg.Go(func() { b.Do(context.Background(), -1-i) }) //nolint:errcheck // values unchecked here
+		for g.inFlight.Load() != int64(i+1) {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	close(g.release)
+	wg.Wait()
+	g.most.Store(0)
+	for range 50 {
+		for i := range 8 {
+			wg.Go(func() { b.Do(context.Background(), i) }) //nolint:errcheck // values unchecked here
+		}
+		wg.Wait()
+	}
+	if m := g.most.Load(); m != 1 {
+		t.Errorf("%d groups in flight at once after the stall, want 1", m)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.running != 0 || b.active != 0 {
+		t.Errorf("%d flushers running (%d active) with an empty queue, want none", b.running, b.active)
+	}
+}

@@ -16,27 +16,25 @@ import (
 	"github.com/shardgate/shardgate/topology"
 )
 
-// groupsInFlight is how many groups one shard may have in flight at once: while one executes,
-// the next can wait for its commit's flush, and new arrivals queue behind both to form the
-// following groups.
-const groupsInFlight = 2
-
 type batcher = groupcommit.Batcher[idem.TransferRequest, idem.TransferResult]
 
 // committers sends each shard's concurrent new transfers as groups (group_commit.max_batch),
 // one committer per shard connection, kept as long as the connection is.
 type committers struct {
-	cfg     config.GroupCommit
-	timeout time.Duration // of one group's statement, as of one lone transfer's
-	size    *prometheus.HistogramVec
-	wait    *prometheus.HistogramVec
-	byShard sync.Map // *topology.Shard → *batcher
+	cfg      config.GroupCommit
+	timeout  time.Duration // of one group's statement, as of one lone transfer's
+	maxConns int32         // of each shard's pool
+	size     *prometheus.HistogramVec
+	wait     *prometheus.HistogramVec
+	stalls   *prometheus.CounterVec
+	byShard  sync.Map // *topology.Shard → *batcher
 }
 
 func newCommitters(cfg *config.Config, reg prometheus.Registerer) *committers {
 	c := &committers{
-		cfg:     cfg.GroupCommit,
-		timeout: cfg.ShardPool.RequestTimeout,
+		cfg:      cfg.GroupCommit,
+		timeout:  cfg.ShardPool.RequestTimeout,
+		maxConns: cfg.ShardPool.MaxConns,
 		size: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "shardgate_group_commit_size",
 			Help:    "Transfers per group sent to a shard in one statement and one commit.",
@@ -47,8 +45,12 @@ func newCommitters(cfg *config.Config, reg prometheus.Registerer) *committers {
 			Help:    "Time a transfer waited to join a group (while the shard's earlier groups were in flight).",
 			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
 		}, []string{"shard"}),
+		stalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shardgate_group_commit_stalls_total",
+			Help: "Groups still in flight after group_commit.stall_after, which let the shard's next group go beside them.",
+		}, []string{"shard"}),
 	}
-	reg.MustRegister(c.size, c.wait)
+	reg.MustRegister(c.size, c.wait, c.stalls)
 	return c
 }
 
@@ -80,8 +82,10 @@ func (c *committers) forget(t *topology.Topology) {
 func (c *committers) newBatcher(shard string, pool *pgxpool.Pool) *batcher {
 	size, wait := c.size.WithLabelValues(shard), c.wait.WithLabelValues(shard)
 	return groupcommit.New(groupcommit.Options{
-		MaxBatch: c.cfg.MaxBatch,
-		Parallel: groupsInFlight,
+		MaxBatch:   c.cfg.MaxBatch,
+		Parallel:   min(c.cfg.MaxInFlight, int(c.maxConns)), // each group in flight holds a connection
+		StallAfter: c.cfg.StallAfter,
+		OnStall:    c.stalls.WithLabelValues(shard).Inc,
 		Observe: func(n int, waited []time.Duration) {
 			size.Observe(float64(n))
 			for _, w := range waited {
