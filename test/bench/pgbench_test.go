@@ -156,6 +156,11 @@ func parsePgbench(out string) (pgbenchReport, error) {
 		rep.latency = time.Duration(ms * float64(time.Millisecond))
 	}
 	m = pgbenchTPS.FindStringSubmatch(out)
+	if m == nil && rep.processed == 0 && rep.failed == 0 {
+		// Nothing completed within the run (at c=256 on two cores every client may still be
+		// connecting when it ends): pgbench then prints no tps, and the rate was 0.
+		return rep, nil
+	}
 	if m == nil {
 		return rep, errors.New(`pgbench printed no "tps = N (without initial connection time)" line`)
 	}
@@ -206,6 +211,8 @@ tps = 7.700000 (excluding connections establishing)
 		{"pg13", pg13, pgbenchReport{processed: 77, tps: 7.7, latency: 6480 * time.Microsecond}, ""},
 		{"no count", "tps = 1.0 (without initial connection time)\n", pgbenchReport{}, "actually processed"},
 		{"no tps", "number of transactions actually processed: 3\n", pgbenchReport{processed: 3}, "tps = N"},
+		{"nothing done", "number of transactions actually processed: 0\nnumber of failed transactions: 0 (NaN%)\n", pgbenchReport{}, ""},
+		{"nothing done but failures", "number of transactions actually processed: 0\nnumber of failed transactions: 4 (100.000%)\n", pgbenchReport{failed: 4}, "tps = N"},
 		{"tps with connections only", "number of transactions actually processed: 3\ntps = 1.0 (including connections establishing)\n", pgbenchReport{processed: 3}, "tps = N"},
 	}
 	for _, tt := range tests {

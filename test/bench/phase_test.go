@@ -98,6 +98,9 @@ func (f *fixture) runPgbench(ctx context.Context, r pgbenchRun) (measurement, er
 	if err != nil {
 		return measurement{}, err
 	}
+	if rep.processed == 0 {
+		return measurement{elapsed: r.duration}, nil // none in the whole run: 0 tps, not an error
+	}
 	if rep.tps <= 0 {
 		return measurement{}, fmt.Errorf("pgbench reports %g tps", rep.tps)
 	}
