@@ -95,13 +95,15 @@ type ShardPool struct {
 
 // GroupCommit sends concurrent new-key transfers bound for one shard to it together: one
 // statement and one commit for the group. Nothing waits for a timer to form a group: a transfer
-// that finds no group of its shard in flight goes at once, and a group forms only from transfers
-// that arrive while one is. One group is in flight per shard unless it stalls: a group still in
-// flight after StallAfter (blocked on a lock, say) lets the next go beside it, up to MaxInFlight.
+// that finds fewer than InFlight groups of its shard in flight goes at once, and a group forms
+// only from transfers that arrive while InFlight are. A group still in flight after StallAfter
+// (blocked on a lock, say) stops counting against InFlight, so the next goes beside it, up to
+// MaxInFlight groups in all. Both counts are capped at shard_pool.max_conns.
 type GroupCommit struct {
 	MaxBatch    int           // transfers in one group at most; 1 sends every transfer alone
-	MaxInFlight int           // groups of one shard in flight at once when groups stall (at most shard_pool.max_conns)
-	StallAfter  time.Duration // how long a group is in flight before the next may go beside it
+	InFlight    int           // groups of one shard in flight at once while none has stalled
+	MaxInFlight int           // groups of one shard in flight at once, stalled ones included
+	StallAfter  time.Duration // how long a group is in flight before it counts as stalled
 }
 
 // validate reports what is wrong with gc, given the shard pool its groups take connections from.
@@ -111,8 +113,10 @@ func (gc GroupCommit) validate(sp ShardPool) []string {
 	if gc.MaxBatch < 1 || gc.MaxBatch > 1000 {
 		bad("group_commit.max_batch: %d must be between 1 (group commit off: every transfer alone) and 1000", gc.MaxBatch)
 	}
-	if gc.MaxInFlight < 1 || gc.MaxInFlight > 1000 {
-		bad("group_commit.max_in_flight: %d must be between 1 and 1000", gc.MaxInFlight)
+	if gc.InFlight < 1 || gc.InFlight > 1000 {
+		bad("group_commit.in_flight: %d must be between 1 and 1000", gc.InFlight)
+	} else if gc.MaxInFlight < gc.InFlight || gc.MaxInFlight > 1000 {
+		bad("group_commit.max_in_flight: %d must be between group_commit.in_flight (%d) and 1000", gc.MaxInFlight, gc.InFlight)
 	}
 	if gc.StallAfter <= 0 || gc.StallAfter >= sp.RequestTimeout {
 		bad("group_commit.stall_after: %s must be positive and below shard_pool.request_timeout (%s)", gc.StallAfter, sp.RequestTimeout)
@@ -161,6 +165,7 @@ type file struct {
 	} `yaml:"shard_pool"`
 	GroupCommit struct {
 		MaxBatch    *int      `yaml:"max_batch"`
+		InFlight    *int      `yaml:"in_flight"`
 		MaxInFlight *int      `yaml:"max_in_flight"`
 		StallAfter  *duration `yaml:"stall_after"`
 	} `yaml:"group_commit"`
@@ -285,6 +290,7 @@ func withDefaults(path string, f *file) (*Config, []string) {
 		},
 		GroupCommit: GroupCommit{
 			MaxBatch:    deref(f.GroupCommit.MaxBatch, 64),
+			InFlight:    deref(f.GroupCommit.InFlight, 2),
 			MaxInFlight: deref(f.GroupCommit.MaxInFlight, 4),
 			StallAfter:  durOr(f.GroupCommit.StallAfter, 20*time.Millisecond),
 		},

@@ -35,8 +35,8 @@ func TestParseValid(t *testing.T) {
 		c.Idempotency.InProgressRetryAfter != time.Second || c.Transfers.DefaultCurrency != "EUR" {
 		t.Errorf("unexpected values: %+v", c)
 	}
-	if gc := c.GroupCommit; gc.MaxBatch != 64 || gc.MaxInFlight != 4 || gc.StallAfter != 20*time.Millisecond {
-		t.Errorf("group_commit %+v, want the defaults: max_batch 64 (on), max_in_flight 4, stall_after 20ms", gc)
+	if gc := c.GroupCommit; gc.MaxBatch != 64 || gc.InFlight != 2 || gc.MaxInFlight != 4 || gc.StallAfter != 20*time.Millisecond {
+		t.Errorf("group_commit %+v, want the defaults: max_batch 64 (on), in_flight 2, max_in_flight 4, stall_after 20ms", gc)
 	}
 	if len(c.Auth.Clients) != 1 || c.Auth.Clients[0].Name != "payments-api" || c.Auth.Clients[0].TokenSHA256[0] != 0x9f {
 		t.Errorf("clients: %+v", c.Auth.Clients)
@@ -59,7 +59,8 @@ func TestParseRejects(t *testing.T) {
 		{"none with clients", strings.Replace(validYAML, "mode: tokens", "mode: none", 1), "given with mode none"},
 		{"replay cache outliving the replay window", validYAML + "replay_cache:\n  ttl: 200h\n", "replay_cache.ttl: 200h0m0s must be positive and below"},
 		{"group of none", validYAML + "group_commit:\n  max_batch: 0\n", "group_commit.max_batch: 0 must be between 1"},
-		{"no group in flight", validYAML + "group_commit:\n  max_in_flight: 0\n", "group_commit.max_in_flight: 0 must be between 1 and 1000"},
+		{"no group in flight", validYAML + "group_commit:\n  in_flight: 0\n", "group_commit.in_flight: 0 must be between 1 and 1000"},
+		{"fewer in flight in all than without stalls", validYAML + "group_commit:\n  in_flight: 3\n  max_in_flight: 2\n", "group_commit.max_in_flight: 2 must be between group_commit.in_flight (3) and 1000"},
 		{"groups never stall", validYAML + "group_commit:\n  stall_after: 0s\n", "group_commit.stall_after: 0s must be positive"},
 		{"stall beyond the request timeout", validYAML + "group_commit:\n  stall_after: 5s\n", "group_commit.stall_after: 5s must be positive and below shard_pool.request_timeout (5s)"},
 	} {

@@ -2,10 +2,10 @@
 // group, to amortize what each would pay alone (for shardgate, a shard's commit). No request
 // waits for a timer to form a group: a request that finds no flusher at work goes out at once,
 // alone if it is alone, so a lone request at low load waits for nothing. Groups form only from
-// requests that arrive while a group is in flight, up to a cap. With StallAfter set, one group is
-// in flight at a time, so groups grow as large as the load allows, and a timer only watches for
-// a group that stalls: one in flight longer than StallAfter lets the next go beside it. The
-// caller's flush decides, per item, what the group's failure means.
+// requests that arrive while Parallel groups are in flight, up to a cap. With StallAfter set, a
+// timer watches each group in flight, and one that stalls (in flight longer than StallAfter)
+// lets the next go beside it, so a stuck group does not hold up the rest. The caller's flush
+// decides, per item, what the group's failure means.
 package groupcommit
 
 import (
@@ -23,11 +23,12 @@ type Result[R any] struct {
 // Options bound a Batcher.
 type Options struct {
 	MaxBatch int // items in one group at most (at least 1)
-	Parallel int // groups in flight at once at most (at least 1)
-	// StallAfter, if positive, keeps one group in flight while groups are quick: a second goes
-	// out beside it only once it has been in flight this long (say, blocked on a lock), and so on
-	// up to Parallel. Zero lets up to Parallel groups go out freely.
-	StallAfter time.Duration
+	Parallel int // groups in flight at once while none has stalled (at least 1)
+	// StallAfter, if positive, is how long a group may be in flight before it counts as stalled
+	// (say, blocked on a lock). A stalled group does not count against Parallel, so the next
+	// group can go beside it, up to MaxParallel groups in flight in all.
+	StallAfter  time.Duration
+	MaxParallel int // groups in flight at most, stalled ones included (at least Parallel)
 	// OnStall, if set, is called each time a flush passes StallAfter.
 	OnStall func()
 	// Observe, if set, is called for every group before its flush, with its size and how long
@@ -65,6 +66,7 @@ type call[Q, R any] struct {
 func New[Q, R any](opts Options, flush func([]Q) []Result[R]) *Batcher[Q, R] {
 	opts.MaxBatch = max(opts.MaxBatch, 1)
 	opts.Parallel = max(opts.Parallel, 1)
+	opts.MaxParallel = max(opts.MaxParallel, opts.Parallel)
 	return &Batcher[Q, R]{flush: flush, opts: opts}
 }
 
@@ -100,7 +102,7 @@ func (b *Batcher[Q, R]) Do(ctx context.Context, item Q) (R, error) {
 // mayStart reports whether a new flusher may start, and counts it as started if so; b.mu is
 // held.
 func (b *Batcher[Q, R]) mayStart() bool {
-	if b.running >= b.opts.Parallel || (b.opts.StallAfter > 0 && b.active > 0) {
+	if b.running >= b.opts.MaxParallel || b.active >= b.opts.Parallel {
 		return false
 	}
 	b.running++
@@ -164,7 +166,7 @@ func (b *Batcher[Q, R]) flushWatched(items []Q) []Result[R] {
 	return results
 }
 
-// stall marks f stalled and starts a flusher for the queue if none is active.
+// stall marks f stalled and starts a flusher for the queue if one may start.
 func (b *Batcher[Q, R]) stall(f *flushing) {
 	b.mu.Lock()
 	if f.done {
@@ -188,9 +190,9 @@ func (b *Batcher[Q, R]) stall(f *flushing) {
 func (b *Batcher[Q, R]) next() []*call[Q, R] {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	// Stop when the queue is empty, and also, after a stall, when another flusher is active: it
-	// takes the queue, so the groups grow back to their size with one in flight.
-	if len(b.pending) == 0 || (b.opts.StallAfter > 0 && b.active > 1) {
+	// Stop when the queue is empty, and also when more than Parallel flushers are active (after a
+	// stall): the others take the queue, so the groups grow back to their size.
+	if len(b.pending) == 0 || b.active > b.opts.Parallel {
 		b.running--
 		b.active--
 		return nil

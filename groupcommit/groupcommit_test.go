@@ -3,6 +3,7 @@ package groupcommit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -142,48 +143,57 @@ func (g *gated) flush(items []int) []Result[int] {
 	return out
 }
 
-// With StallAfter, a group that stays in flight too long (blocked on a lock, say) does not hold
-// up the requests queued behind it: a second group goes out beside it after StallAfter, and
-// every request that does not depend on the stuck one is answered.
-func TestStalledGroupLetsTheNextGo(t *testing.T) {
-	g := &gated{release: make(chan struct{})}
-	var stalls atomic.Int64
-	b := New(Options{MaxBatch: 8, Parallel: 4, StallAfter: 20 * time.Millisecond, OnStall: func() { stalls.Add(1) }}, g.flush)
-	stuck := make(chan error, 1)
-	go func() { _, err := b.Do(context.Background(), -1); stuck <- err }()
-	for g.inFlight.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	for i := range 20 {
-		start := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		v, err := b.Do(ctx, i)
-		cancel()
-		if v != i || err != nil {
-			t.Fatalf("Do(%d) beside a stuck group = %d, %v", i, v, err)
-		}
-		// The stuck flush's timer started just before this request, so allow for that.
-		if d := time.Since(start); i == 0 && d < 10*time.Millisecond {
-			t.Errorf("the first request behind the stuck group went after %s, before StallAfter", d)
-		}
-	}
-	close(g.release)
-	if err := <-stuck; err != nil {
-		t.Fatalf("the stuck request: %v", err)
-	}
-	if m := g.most.Load(); m != 2 {
-		t.Errorf("at most %d groups in flight, want 2 (the stuck one and one beside it)", m)
-	}
-	if stalls.Load() == 0 {
-		t.Error("OnStall was not called for the stuck group")
+// With StallAfter, groups that stay in flight too long (blocked on a lock, say) do not hold up
+// the requests queued behind them: a stalled group no longer counts against Parallel, so the next
+// goes out beside the stuck ones, and every request that does not depend on them is answered.
+func TestStalledGroupsLetTheNextGo(t *testing.T) {
+	for _, parallel := range []int{1, 2} {
+		t.Run(fmt.Sprintf("parallel %d", parallel), func(t *testing.T) {
+			g := &gated{release: make(chan struct{})}
+			var stalls atomic.Int64
+			b := New(Options{MaxBatch: 8, Parallel: parallel, MaxParallel: 4, StallAfter: 20 * time.Millisecond,
+				OnStall: func() { stalls.Add(1) }}, g.flush)
+			stuck := make(chan error, parallel)
+			for i := range parallel {
+				go func() { _, err := b.Do(context.Background(), -1-i); stuck <- err }()
+				for g.inFlight.Load() != int64(i+1) {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			for i := range 20 {
+				start := time.Now()
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				v, err := b.Do(ctx, i)
+				cancel()
+				if v != i || err != nil {
+					t.Fatalf("Do(%d) beside the stuck groups = %d, %v", i, v, err)
+				}
+				// The stuck flushes' timers started just before this request, so allow for that.
+				if d := time.Since(start); i == 0 && d < 10*time.Millisecond {
+					t.Errorf("the first request behind the stuck groups went after %s, before StallAfter", d)
+				}
+			}
+			close(g.release)
+			for range parallel {
+				if err := <-stuck; err != nil {
+					t.Fatalf("a stuck request: %v", err)
+				}
+			}
+			if m := g.most.Load(); m != int64(parallel+1) {
+				t.Errorf("at most %d groups in flight, want %d (the stuck ones and one beside them)", m, parallel+1)
+			}
+			if stalls.Load() == 0 {
+				t.Error("OnStall was not called for the stuck groups")
+			}
+		})
 	}
 }
 
-// With StallAfter, quick groups keep to one in flight, however many requests wait and however
-// large Parallel is: the queue forms the next group, up to MaxBatch.
+// Quick groups keep to Parallel in flight, however many requests wait and however large
+// MaxParallel is: the queue forms the next group, up to MaxBatch.
 func TestQuickGroupsKeepOneInFlight(t *testing.T) {
 	e := &echo{release: make(chan struct{})}
-	b := New(Options{MaxBatch: 4, Parallel: 8, StallAfter: time.Hour}, e.flush)
+	b := New(Options{MaxBatch: 4, Parallel: 1, MaxParallel: 8, StallAfter: time.Hour}, e.flush)
 	go b.Do(context.Background(), 0) //nolint:errcheck // holds the flusher
 	for !func() bool { e.mu.Lock(); defer e.mu.Unlock(); return len(e.sizes) == 1 }() {
 		time.Sleep(time.Millisecond)
@@ -208,7 +218,7 @@ func TestQuickGroupsKeepOneInFlight(t *testing.T) {
 func TestFlushersFallBackAfterAStall(t *testing.T) {
 	g := &gated{release: make(chan struct{})}
 	// StallAfter is long enough that no quick flush below takes it, even under -race on a busy machine.
-	b := New(Options{MaxBatch: 64, Parallel: 4, StallAfter: 100 * time.Millisecond}, g.flush)
+	b := New(Options{MaxBatch: 64, Parallel: 1, MaxParallel: 4, StallAfter: 100 * time.Millisecond}, g.flush)
 	var wg sync.WaitGroup
 	for i := range 3 { // three stuck groups: each lets the next go after StallAfter
 		wg.Go(func() { b.Do(context.Background(), -1-i) }) //nolint:errcheck // values unchecked here

@@ -82,10 +82,12 @@ func (c *committers) forget(t *topology.Topology) {
 func (c *committers) newBatcher(shard string, pool *pgxpool.Pool) *batcher {
 	size, wait := c.size.WithLabelValues(shard), c.wait.WithLabelValues(shard)
 	return groupcommit.New(groupcommit.Options{
-		MaxBatch:   c.cfg.MaxBatch,
-		Parallel:   min(c.cfg.MaxInFlight, int(c.maxConns)), // each group in flight holds a connection
-		StallAfter: c.cfg.StallAfter,
-		OnStall:    c.stalls.WithLabelValues(shard).Inc,
+		MaxBatch: c.cfg.MaxBatch,
+		// Each group in flight holds one of the shard's connections.
+		Parallel:    min(c.cfg.InFlight, int(c.maxConns)),
+		MaxParallel: min(c.cfg.MaxInFlight, int(c.maxConns)),
+		StallAfter:  c.cfg.StallAfter,
+		OnStall:     c.stalls.WithLabelValues(shard).Inc,
 		Observe: func(n int, waited []time.Duration) {
 			size.Observe(float64(n))
 			for _, w := range waited {

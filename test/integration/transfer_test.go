@@ -196,6 +196,42 @@ func TestInFlightDuplicateIs409Promptly(t *testing.T) {
 	}
 }
 
+// Groups stuck on a shard (each attempt waits on the ledger lock) do not hold up its other
+// transfers: group_commit.in_flight (2) groups are stuck, and after group_commit.stall_after the
+// next group goes beside them, so a duplicate of a stuck attempt is still answered 409 at once.
+func TestStuckGroupsDoNotHoldUpTheShard(t *testing.T) {
+	const src = 6101
+	shard := shardOf(src)
+	release := holdLedger(t, shard)
+	keys := []string{newKey(), newKey()}
+	done := make(chan reply, len(keys))
+	for i, key := range keys {
+		go func() { done <- post(t, key, transferBody(src, 6102, int64(800+i))) }()
+		waitFor(t, func() bool { return lockWaiters(t, shard) > i })
+	}
+
+	start := time.Now()
+	dup := post(t, keys[0], transferBody(src, 6102, 800))
+	if elapsed := time.Since(start); elapsed > 500*time.Millisecond {
+		t.Errorf("duplicate answered after %v behind two stuck groups; it must go beside them", elapsed)
+	}
+	if dup.status != http.StatusConflict || dup.problemType() != "request-in-progress" {
+		t.Errorf("duplicate: %d %s, want 409 request-in-progress", dup.status, dup.body)
+	}
+
+	release()
+	for range keys {
+		if r := <-done; r.status != http.StatusCreated {
+			t.Errorf("a stuck attempt after the release: %d %s, want 201", r.status, r.body)
+		}
+	}
+	for _, key := range keys {
+		if n := ledgerRows(t, shard, transferID(src, key)); n != 1 {
+			t.Errorf("key %s: %d ledger rows, want 1", key, n)
+		}
+	}
+}
+
 // holdLedger locks shard's ledger against writes until release is called (or the test ends):
 // a transfer reaching its debit then waits there, holding its key's locks.
 func holdLedger(t testing.TB, shard string) (release func()) {
