@@ -213,34 +213,106 @@ func TestQuickGroupsKeepOneInFlight(t *testing.T) {
 	}
 }
 
-// After a stall ends, the flushers that were let out beside the stuck one stop, and groups keep
-// to one in flight again; nothing is left running once the queue is empty.
+// After a stall ends, the flushers that were let out beside the stuck ones stop, even while
+// requests keep coming, and groups keep to Parallel in flight again; nothing is left running once
+// the queue is empty.
 func TestFlushersFallBackAfterAStall(t *testing.T) {
 	g := &gated{release: make(chan struct{})}
-	// StallAfter is long enough that no quick flush below takes it, even under -race on a busy machine.
-	b := New(Options{MaxBatch: 64, Parallel: 1, MaxParallel: 4, StallAfter: 100 * time.Millisecond}, g.flush)
-	var wg sync.WaitGroup
+	// StallAfter is long enough that a quick flush below hardly ever takes it, even under -race
+	// on a busy machine; if one does, it may rightly let a second group out, so stalls are
+	// counted.
+	var stalls atomic.Int64
+	b := New(Options{MaxBatch: 64, Parallel: 1, MaxParallel: 4, StallAfter: 100 * time.Millisecond,
+		OnStall: func() { stalls.Add(1) }}, g.flush)
+	var stuck sync.WaitGroup
 	for i := range 3 { // three stuck groups: each lets the next go after StallAfter
-		wg.Go(func() { b.Do(context.Background(), -1-i) }) //nolint:errcheck // values unchecked here
+		stuck.Go(func() { b.Do(context.Background(), -1-i) }) //nolint:errcheck // values unchecked here
 		for g.inFlight.Load() != int64(i+1) {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	close(g.release)
-	wg.Wait()
-	g.most.Store(0)
-	for range 50 {
-		for i := range 8 {
-			wg.Go(func() { b.Do(context.Background(), i) }) //nolint:errcheck // values unchecked here
-		}
-		wg.Wait()
+	// Steady load, served beside the stuck groups by a fourth flusher, and still coming when
+	// they end.
+	var load sync.WaitGroup
+	var stop atomic.Bool
+	for i := range 8 {
+		load.Go(func() {
+			for !stop.Load() {
+				b.Do(context.Background(), i) //nolint:errcheck // values unchecked here
+			}
+		})
 	}
-	if m := g.most.Load(); m != 1 {
-		t.Errorf("%d groups in flight at once after the stall, want 1", m)
+	time.Sleep(20 * time.Millisecond)
+	close(g.release)
+	stuck.Wait()
+	time.Sleep(10 * time.Millisecond) // the stuck groups' flushers decide whether to go on
+	g.most.Store(0)
+	stalls.Store(0)
+	for start := g.groups.Load(); g.groups.Load() < start+200; {
+		time.Sleep(time.Millisecond)
+	}
+	stop.Store(true)
+	load.Wait()
+	if m := g.most.Load(); m != 1 && stalls.Load() == 0 {
+		t.Errorf("%d groups in flight at once after the stall, with no new stall: want 1", m)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.running != 0 || b.active != 0 {
 		t.Errorf("%d flushers running (%d active) with an empty queue, want none", b.running, b.active)
+	}
+}
+
+// A flusher whose stalled group ends while another flusher is active stops instead of taking the
+// queue: the active one takes it when its own group is done, so the queue forms one group.
+func TestRecoveredFlusherYieldsTheQueue(t *testing.T) {
+	stuck, busy := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	var sizes []int
+	// The busy group must not stall before the check below, some 30 ms after it starts: hence
+	// a StallAfter far longer than that, and the test takes about 2 × StallAfter.
+	b := New(Options{MaxBatch: 64, Parallel: 1, MaxParallel: 3, StallAfter: 300 * time.Millisecond},
+		func(items []int) []Result[int] {
+			mu.Lock()
+			sizes = append(sizes, len(items))
+			mu.Unlock()
+			switch {
+			case items[0] < 0:
+				<-stuck
+			case items[0] >= 100:
+				<-busy
+			}
+			return make([]Result[int], len(items))
+		})
+	pending := func() int { b.mu.Lock(); defer b.mu.Unlock(); return len(b.pending) }
+	flushed := func() int { mu.Lock(); defer mu.Unlock(); return len(sizes) }
+	var wg sync.WaitGroup
+	var stuckDone sync.WaitGroup
+	for i, item := range []int{-1, -2, 100} { // two stalled groups, then one active and busy
+		done := &wg
+		if item < 0 {
+			done = &stuckDone
+		}
+		done.Go(func() { b.Do(context.Background(), item) }) //nolint:errcheck // values unchecked here
+		for flushed() != i+1 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	for i := range 5 {
+		wg.Go(func() { b.Do(context.Background(), i) }) //nolint:errcheck // values unchecked here
+	}
+	for pending() != 5 {
+		time.Sleep(time.Millisecond)
+	}
+	close(stuck)
+	stuckDone.Wait()
+	time.Sleep(20 * time.Millisecond) // time for the recovered flushers to take the queue, were they to
+	if n := pending(); n != 5 {
+		t.Errorf("%d of 5 queued items left once the stalled groups ended: the recovered flushers took the queue", n)
+	}
+	close(busy)
+	wg.Wait()
+	if want := []int{1, 1, 1, 5}; !slices.Equal(sizes, want) {
+		t.Errorf("group sizes %v, want %v", sizes, want)
 	}
 }
