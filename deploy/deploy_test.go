@@ -527,6 +527,7 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 	for _, want := range []string{
 		"shardgate_transfers_total", "shardgate_shard_request_duration_seconds_bucket",
 		"shardgate_pool_connections", "shardgate_shardmap_version", "shardgate_shardmap_reloads_total",
+		"shardgate_group_commit_size_count", "shardgate_group_commit_stalls_total",
 	} {
 		if !used[want] {
 			t.Errorf("no panel shows %s", want)
