@@ -37,7 +37,12 @@ func (s *Service) Run(ctx context.Context, ln net.Listener, ready func(addr stri
 	s.warnUnprotected()
 	bg, stopBG := context.WithCancel(context.Background())
 	defer stopBG()
-	go s.reloadLoop(bg)
+	// SIGHUP is caught from here on, before the router says it is ready: an operator's reload
+	// right after start must not kill it (Go's default for SIGHUP is to exit).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go s.reloadLoop(bg, hup)
 	go s.upkeepLoop(bg)
 	if s.Relay != nil {
 		go s.Relay.Run(bg)
@@ -129,9 +134,9 @@ func (s *Service) shutdown(api, admin *http.Server) error {
 	return nil
 }
 
-// reloadLoop reloads the shard map on SIGHUP and whenever the map file's content changes,
-// one reload at a time, until ctx ends.
-func (s *Service) reloadLoop(ctx context.Context) {
+// reloadLoop reloads the shard map on each signal from hup (SIGHUP) and whenever the map file's
+// content changes, one reload at a time, until ctx ends.
+func (s *Service) reloadLoop(ctx context.Context, hup <-chan os.Signal) {
 	reloadNow := make(chan struct{}, 1)
 	trigger := func() {
 		select {
@@ -142,9 +147,6 @@ func (s *Service) reloadLoop(ctx context.Context) {
 	poll := time.NewTicker(MapPollInterval)
 	defer poll.Stop()
 	go watchMap(ctx, s.Config.ShardmapPath, poll.C, trigger)
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	for {
 		select {
 		case <-ctx.Done():
