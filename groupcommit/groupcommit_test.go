@@ -45,7 +45,7 @@ func TestLoneRequestGoesAtOnce(t *testing.T) {
 	if v, err := b.Do(context.Background(), 7); v != 7 || err != nil {
 		t.Fatalf("Do = %d, %v", v, err)
 	}
-	if d := time.Since(start); d > 100*time.Millisecond {
+	if d := time.Since(start); d > time.Second { // no timer on this path: only a stalled machine takes long
 		t.Errorf("a lone request took %s", d)
 	}
 	if len(e.sizes) != 1 || e.sizes[0] != 1 {
@@ -247,6 +247,11 @@ func TestFlushersFallBackAfterAStall(t *testing.T) {
 	close(g.release)
 	stuck.Wait()
 	time.Sleep(10 * time.Millisecond) // the stuck groups' flushers decide whether to go on
+	// Start counting afresh between two groups, so that no group that stalled before is still in
+	// flight (a flush that starts after the check below is new, and has not stalled).
+	for g.inFlight.Load() != 0 {
+		time.Sleep(50 * time.Microsecond)
+	}
 	g.most.Store(0)
 	stalls.Store(0)
 	for start := g.groups.Load(); g.groups.Load() < start+200; {
@@ -276,8 +281,11 @@ func TestRecoveredFlusherYieldsTheQueue(t *testing.T) {
 	var mu sync.Mutex
 	var sizes []int
 	// The busy group must not stall before the check below, some 30 ms after it starts: hence
-	// a StallAfter far longer than that, and the test takes about 2 × StallAfter.
-	b := New(Options{MaxBatch: 64, Parallel: 1, MaxParallel: 3, StallAfter: 300 * time.Millisecond},
+	// a StallAfter far longer than that, and the test takes about 2 × StallAfter. Should a
+	// stalled machine stall it all the same, the stalls say so and the check is void.
+	var stalls atomic.Int64
+	b := New(Options{MaxBatch: 64, Parallel: 1, MaxParallel: 3, StallAfter: 300 * time.Millisecond,
+		OnStall: func() { stalls.Add(1) }},
 		func(items []int) []Result[int] {
 			mu.Lock()
 			sizes = append(sizes, len(items))
@@ -313,12 +321,15 @@ func TestRecoveredFlusherYieldsTheQueue(t *testing.T) {
 	close(stuck)
 	stuckDone.Wait()
 	time.Sleep(20 * time.Millisecond) // time for the recovered flushers to take the queue, were they to
-	if n := pending(); n != 5 {
+	busyStalled := stalls.Load() > 2
+	if n := pending(); n != 5 && !busyStalled {
 		t.Errorf("%d of 5 queued items left once the stalled groups ended: the recovered flushers took the queue", n)
 	}
 	close(busy)
 	wg.Wait()
-	if want := []int{1, 1, 1, 5}; !slices.Equal(sizes, want) {
+	if busyStalled {
+		t.Logf("the busy group stalled too (the machine paused for over %s): group sizes %v not checked", 300*time.Millisecond, sizes)
+	} else if want := []int{1, 1, 1, 5}; !slices.Equal(sizes, want) {
 		t.Errorf("group sizes %v, want %v", sizes, want)
 	}
 }

@@ -199,11 +199,14 @@ func TestDestinationDownBacksOff(t *testing.T) {
 	}
 	c.debit(m, trs)
 
-	cfg := relayConfig(t, "backoff_base: 1s", "backoff_max: 3s")
+	// Backoffs far longer than a pass, so that no row falls due between two passes even on a
+	// stalled machine (the shortest, with jitter, is half of backoff_base); makeDue stands in for
+	// the wait.
+	cfg := relayConfig(t, "backoff_base: 10s", "backoff_max: 30s")
 	tp := newTopos(t, cfg, m)
 	r := newRelay(cfg, tp)
 	tp.serve(c.mapOf(1, "a=-80 b=80-", "b")) // b's DSN now reaches a closed port
-	for attempt, delay := range []time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 3 * time.Second} {
+	for attempt, delay := range []time.Duration{10 * time.Second, 20 * time.Second, 30 * time.Second, 30 * time.Second} {
 		before := dbNow(t, c)
 		if n := r.Pass(ctx); n != 0 {
 			t.Fatalf("Pass settled %d credits with b down", n)

@@ -96,6 +96,14 @@ func TestReloadReusesUnchangedPools(t *testing.T) {
 	}
 	retired := make(chan struct{})
 	go func() { old.Retire(next); close(retired) }()
+	// Wait until Retire has marked the topology retired (however slow the machine), then check
+	// that it is still waiting for its user.
+	isRetired := func() bool { old.mu.Lock(); defer old.mu.Unlock(); return old.retired }
+	for deadline := time.Now().Add(5 * time.Second); !isRetired(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("Retire did not mark the topology retired within 5s")
+		}
+	}
 	select {
 	case <-retired:
 		t.Fatal("Retire returned while a user held the topology")

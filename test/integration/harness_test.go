@@ -32,6 +32,11 @@ import (
 // numShards is how many PostgreSQL shards the suite runs against.
 const numShards = 2
 
+// prompt bounds an answer that must not wait for a stuck attempt, a held lock or a full pool:
+// such a wait lasts until the lock is released or shard_pool.request_timeout (10s), while a
+// prompt answer, even under -race on a busy machine, comes well within this.
+const prompt = 3 * time.Second
+
 // shardPassword is shard-0's password, so that tests can prove it never reaches an answer (and
 // TestMain that no shard's password reaches a log).
 var shardPassword string
