@@ -216,6 +216,7 @@ type measurement struct {
 	txns      int64
 	elapsed   time.Duration   // pgbench's excludes connecting, as its tps does
 	latencies []time.Duration // of each request, sorted; load generator phases only
+	groups    groupStats      // the router's groups in the phase; router on new keys only
 }
 
 func (m measurement) tps() float64 {
@@ -228,6 +229,7 @@ func (m measurement) tps() float64 {
 func (m *measurement) add(o measurement) {
 	m.txns += o.txns
 	m.elapsed += o.elapsed
+	m.groups = m.groups.plus(o.groups)
 	if len(o.latencies) > 0 {
 		m.latencies = append(m.latencies, o.latencies...)
 		slices.Sort(m.latencies)
@@ -278,8 +280,33 @@ func report(f *fixture, s settings, res results) string {
 		}
 		out.WriteByte('\n')
 	}
+	out.WriteString(groupLines(s, res, label))
 	if len(s.latency) > 0 {
 		out.WriteString(latencyTable(s, res, label))
+	}
+	return out.String()
+}
+
+// groupLines formats how the router on new keys grouped its transfers: the mean group size, and
+// the share of groups that stalled (in flight longer than group_commit.stall_after).
+func groupLines(s settings, res results, label string) string {
+	var out strings.Builder
+	for _, line := range []struct {
+		name string
+		cell func(g groupStats) string
+	}{
+		{"mean group", func(g groupStats) string { return fmt.Sprintf("%.1f", g.items/g.groups) }},
+		{"stalled groups", func(g groupStats) string { return fmt.Sprintf("%.2f%%", 100*g.stalls/g.groups) }},
+	} {
+		fmt.Fprintf(&out, label, line.name)
+		for i := range s.concurrency {
+			cell := "n/a"
+			if g := res[i][routerNewRow].groups; g.groups > 0 {
+				cell = line.cell(g)
+			}
+			fmt.Fprintf(&out, "%10s", cell)
+		}
+		out.WriteByte('\n')
 	}
 	return out.String()
 }

@@ -195,6 +195,42 @@ func (f *fixture) startRouter(c, maxBatch int) (*routerServer, error) {
 	return &routerServer{server: srv, svc: svc}, nil
 }
 
+// groupStats are a router's group commit counters, summed over its shards: groups sent, the
+// transfers in them, and the groups that stalled.
+type groupStats struct {
+	groups, items, stalls float64
+}
+
+func (g groupStats) plus(o groupStats) groupStats {
+	return groupStats{g.groups + o.groups, g.items + o.items, g.stalls + o.stalls}
+}
+
+func (g groupStats) minus(o groupStats) groupStats {
+	return groupStats{g.groups - o.groups, g.items - o.items, g.stalls - o.stalls}
+}
+
+// groupStats reads the router's group commit metrics (shardgate_group_commit_size and
+// shardgate_group_commit_stalls_total) as its /metrics would show them.
+func (r *routerServer) groupStats() (groupStats, error) {
+	mfs, err := r.svc.Registry.Gather()
+	if err != nil {
+		return groupStats{}, fmt.Errorf("reading the router's metrics: %w", err)
+	}
+	var g groupStats
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			switch mf.GetName() {
+			case "shardgate_group_commit_size":
+				g.groups += float64(m.GetHistogram().GetSampleCount())
+				g.items += m.GetHistogram().GetSampleSum()
+			case "shardgate_group_commit_stalls_total":
+				g.stalls += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return g, nil
+}
+
 func (r *routerServer) close() error {
 	err := r.server.close()
 	r.svc.Close()

@@ -71,7 +71,23 @@ func (f *fixture) measure(ctx context.Context, r row, c int, d time.Duration, on
 		f.runs++
 		return f.runPgbench(ctx, pgbenchRun{script: "transfer_new.sql", clients: c, duration: d, vars: vars})
 	case routerNewRow:
-		return f.runLoad(ctx, on.server, c, d, nil, true)
+		before, err := on.groupStats()
+		if err != nil {
+			return measurement{}, err
+		}
+		m, err := f.runLoad(ctx, on.server, c, d, nil, true)
+		if err != nil {
+			return m, err
+		}
+		after, err := on.groupStats()
+		if err != nil {
+			return m, err
+		}
+		// Every new transfer of the phase went through group commit, once.
+		if m.groups = after.minus(before); int64(m.groups.items) != m.txns {
+			return m, fmt.Errorf("the router's groups held %.0f transfers, the load generator had %d created", m.groups.items, m.txns)
+		}
+		return m, nil
 	case routerOffRow:
 		return f.runLoad(ctx, off.server, c, d, nil, true)
 	case routerReplayRow:
