@@ -288,7 +288,7 @@ func withDefaults(path string, f *file) (*Config, []string) {
 			RequestTimeout: durOr(f.ShardPool.RequestTimeout, 5*time.Second),
 			RetryAfter:     durOr(f.ShardPool.RetryAfter, time.Second),
 		},
-		GroupCommit: GroupCommit{MaxBatch: deref(f.GroupCommit.MaxBatch, 64), InFlight: deref(f.GroupCommit.InFlight, 2),
+		GroupCommit: GroupCommit{MaxBatch: deref(f.GroupCommit.MaxBatch, 64), InFlight: deref(f.GroupCommit.InFlight, 1),
 			MaxInFlight: deref(f.GroupCommit.MaxInFlight, 4), StallAfter: durOr(f.GroupCommit.StallAfter, 20*time.Millisecond)},
 		ReplayCache: ReplayCache{MaxEntries: deref(f.ReplayCache.MaxEntries, 16384), TTL: durOr(f.ReplayCache.TTL, 5*time.Minute)},
 		Relay: Relay{

@@ -197,8 +197,9 @@ func TestInFlightDuplicateIs409Promptly(t *testing.T) {
 }
 
 // Groups stuck on a shard (each attempt waits on the ledger lock) do not hold up its other
-// transfers: group_commit.in_flight (2) groups are stuck, and after group_commit.stall_after the
-// next group goes beside them, so a duplicate of a stuck attempt is still answered 409 at once.
+// transfers: two groups are stuck (more than group_commit.in_flight, whatever its value up to 2),
+// and after group_commit.stall_after the next group goes beside them, so a duplicate of a stuck
+// attempt is still answered 409 at once.
 func TestStuckGroupsDoNotHoldUpTheShard(t *testing.T) {
 	const src = 6101
 	shard := shardOf(src)
