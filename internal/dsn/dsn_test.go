@@ -106,6 +106,9 @@ func TestCheckNeverQuotesPassword(t *testing.T) {
 		// A DSN expanded into another's query: a parameter without '=', quoted whole.
 		`postgres://h/db?postgres://u:s3cr3t@h/db`,
 		`postgres://h/db?sslmode=disable&postgres://u:s3cr3t@h/db`,
+		// The same after a '#': net/url reads a fragment there, pgx (as libpq) a host and a query.
+		`postgres://h#x?postgres://u:s3cr3t@h/db`,
+		`postgres://h:5432#x?postgres://u:s3cr3t@h/db`,
 	} {
 		err := Check(dsn)
 		if err == nil {

@@ -3,7 +3,10 @@ package dsn
 import (
 	"errors"
 	"net/url"
+	"regexp"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -23,7 +26,9 @@ func PoolConfig(dsn string) (*pgxpool.Config, error) {
 }
 
 // parseError keeps what pgx says was wrong and drops the connection string it quotes:
-// "cannot parse `<dsn>`: <reason> (<cause>)" becomes "<reason> (<cause>)".
+// "cannot parse `<dsn>`: <reason> (<cause>)" becomes "<reason> (<cause>)". What the reason
+// quotes of the DSN is dropped too (see dropQuoted), and the rest scrubbed of every spelling of
+// its passwords.
 func parseError(dsn string, err error) error {
 	text := err.Error()
 	if pce := (*pgconn.ParseConfigError)(nil); errors.As(err, &pce) {
@@ -32,7 +37,29 @@ func parseError(dsn string, err error) error {
 			text = err.Error()[i+3:]
 		}
 	}
-	return errors.New(Scrub(dsn, text))
+	return errors.New(Scrub(dsn, dropQuoted(text)))
+}
+
+// quotedText matches a double-quoted string in a message, Go escapes included.
+var quotedText = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
+
+// dropQuoted replaces each piece of the DSN that a driver message quotes with "…". The driver
+// quotes the piece it refuses (a query parameter, a port, a value), and that piece can hold a
+// password in a spelling that Secrets, which reads the DSN as net/url and libpq's grammar do,
+// cannot foresee: pgx reads a URL as libpq does, where '#' starts no fragment, so a DSN of
+// another shard expanded after a '#' is quoted whole. A single character (a separator such as
+// "=") and a connection keyword stay, so the message still says what was wrong and where.
+func dropQuoted(text string) string {
+	return quotedText.ReplaceAllStringFunc(text, func(q string) string {
+		inner, err := strconv.Unquote(q)
+		if err != nil {
+			inner = q[1 : len(q)-1]
+		}
+		if _, keyword := dsnKeywords[strings.ToLower(inner)]; keyword || utf8.RuneCountInString(inner) <= 1 {
+			return q
+		}
+		return `"…"`
+	})
 }
 
 // Scrub returns text with every password of dsn replaced by Redacted, in each spelling it can
