@@ -142,6 +142,9 @@ func TestScrub(t *testing.T) {
 		{"postgres://u:p%40ss@h/db?sslpassword=k%2Fey", "p%40ss p@ss k%2Fey k/ey", "xxxxx xxxxx xxxxx xxxxx"},
 		{"host=h user=u", "host=h user=u", "host=h user=u"},
 		{"s3cr3t word", "bad dsn s3cr3t", "bad dsn xxxxx"},
+		// libpq's user info runs across a '?' or '#' to the '@': net/url sees no password here.
+		{"postgres://h?q#y:pw%23d@z/db", "auth failed: pw%23d pw#d", "auth failed: xxxxx xxxxx"},
+		{"postgres://u:pa#ss@h/db", "password pa#ss refused", "password xxxxx refused"},
 	}
 	for _, tt := range tests {
 		if got := (Shard{DSN: tt.dsn}).Scrub(tt.text); got != tt.want {

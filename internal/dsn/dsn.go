@@ -223,6 +223,19 @@ func isSecretKey(key string) bool {
 	return strings.Contains(strings.ToLower(key), "password")
 }
 
+// libpqURLPassword returns the password of a postgres:// URL as libpq and pgx find it, still
+// percent-encoded: after the first ':' of what precedes the first '@', when that '@' comes
+// before any '/'.
+func libpqURLPassword(dsn string) string {
+	_, rest, _ := strings.Cut(dsn, "://")
+	i := strings.IndexAny(rest, "@/")
+	if i < 0 || rest[i] != '@' {
+		return ""
+	}
+	_, pw, _ := strings.Cut(rest[:i], ":")
+	return pw
+}
+
 // Secrets lists every password in dsn in each form it may be printed
 // in, longest first so that scrubbing a longer form is not defeated by a
 // shorter one replaced inside it first. A DSN that does not parse has no
@@ -231,10 +244,18 @@ func isSecretKey(key string) bool {
 func Secrets(dsn string) []string {
 	var vals []string
 	if isURLDSN(dsn) {
+		// The password as the driver reads it (libpq's grammar: the user info runs to the first
+		// '@' before any '/', across a '?' or '#' that net/url would stop at).
+		if pw := libpqURLPassword(dsn); pw != "" {
+			vals = append(vals, pw)
+			if v, err := url.PathUnescape(pw); err == nil {
+				vals = append(vals, v)
+			}
+		}
 		u, err := url.Parse(dsn)
 		// url.Parse takes blanks in a path, which the driver refuses and quotes from mid-string.
 		if err != nil || strings.ContainsFunc(dsn, unicode.IsSpace) {
-			return unparsed(dsn)
+			return longestFirst(append(vals, unparsed(dsn)...))
 		}
 		if pw, ok := u.User.Password(); ok {
 			vals = append(vals, pw, url.PathEscape(pw), url.QueryEscape(pw))
@@ -266,6 +287,11 @@ func Secrets(dsn string) []string {
 			}
 		}
 	}
+	return longestFirst(vals)
+}
+
+// longestFirst sorts vals longest first, without repeats: the order in which Scrub replaces them.
+func longestFirst(vals []string) []string {
 	slices.SortFunc(vals, func(a, b string) int { return len(b) - len(a) })
 	return slices.Compact(vals)
 }
@@ -281,8 +307,7 @@ func unparsed(dsn string) []string {
 			vals = append(vals, Secrets(w)...)
 		}
 	}
-	slices.SortFunc(vals, func(a, b string) int { return len(b) - len(a) })
-	return slices.Compact(vals)
+	return longestFirst(vals)
 }
 
 // unquoteValue undoes libpq's quoting of a key=value setting: the
