@@ -287,8 +287,10 @@ func report(f *fixture, s settings, res results) string {
 	return out.String()
 }
 
-// groupLines formats how the router on new keys grouped its transfers: the mean group size, and
-// the share of groups that stalled (in flight longer than group_commit.stall_after).
+// groupLines formats how the router on new keys grouped its transfers: the mean group size, the
+// share of groups that stalled (in flight longer than group_commit.stall_after), and where a
+// transfer's time went, per transfer: waiting to join a group, then in its group's statement and
+// commit; the rest of its latency is HTTP, the handler and the load generator.
 func groupLines(s settings, res results, label string) string {
 	var out strings.Builder
 	for _, line := range []struct {
@@ -297,6 +299,8 @@ func groupLines(s settings, res results, label string) string {
 	}{
 		{"mean group", func(g groupStats) string { return fmt.Sprintf("%.1f", g.items/g.groups) }},
 		{"stalled groups", func(g groupStats) string { return fmt.Sprintf("%.2f%%", 100*g.stalls/g.groups) }},
+		{"ms to join group", func(g groupStats) string { return fmt.Sprintf("%.3f", 1000*g.waited/g.items) }},
+		{"ms in group", func(g groupStats) string { return fmt.Sprintf("%.3f", 1000*(g.onShard-g.waited)/g.items) }},
 	} {
 		fmt.Fprintf(&out, label, line.name)
 		for i := range s.concurrency {

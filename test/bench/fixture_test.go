@@ -196,21 +196,23 @@ func (f *fixture) startRouter(c, maxBatch int) (*routerServer, error) {
 }
 
 // groupStats are a router's group commit counters, summed over its shards: groups sent, the
-// transfers in them, and the groups that stalled.
+// transfers in them, the groups that stalled, the seconds transfers waited to join a group, and
+// the seconds they spent on their shard (that wait, then their group's statement and commit).
 type groupStats struct {
-	groups, items, stalls float64
+	groups, items, stalls, waited, onShard float64
 }
 
 func (g groupStats) plus(o groupStats) groupStats {
-	return groupStats{g.groups + o.groups, g.items + o.items, g.stalls + o.stalls}
+	return groupStats{g.groups + o.groups, g.items + o.items, g.stalls + o.stalls, g.waited + o.waited, g.onShard + o.onShard}
 }
 
 func (g groupStats) minus(o groupStats) groupStats {
-	return groupStats{g.groups - o.groups, g.items - o.items, g.stalls - o.stalls}
+	return g.plus(groupStats{-o.groups, -o.items, -o.stalls, -o.waited, -o.onShard})
 }
 
-// groupStats reads the router's group commit metrics (shardgate_group_commit_size and
-// shardgate_group_commit_stalls_total) as its /metrics would show them.
+// groupStats reads the router's group commit metrics (shardgate_group_commit_size,
+// _wait_seconds, _stalls_total, and shardgate_shard_request_duration_seconds) as its /metrics
+// would show them.
 func (r *routerServer) groupStats() (groupStats, error) {
 	mfs, err := r.svc.Registry.Gather()
 	if err != nil {
@@ -225,6 +227,10 @@ func (r *routerServer) groupStats() (groupStats, error) {
 				g.items += m.GetHistogram().GetSampleSum()
 			case "shardgate_group_commit_stalls_total":
 				g.stalls += m.GetCounter().GetValue()
+			case "shardgate_group_commit_wait_seconds":
+				g.waited += m.GetHistogram().GetSampleSum()
+			case "shardgate_shard_request_duration_seconds":
+				g.onShard += m.GetHistogram().GetSampleSum()
 			}
 		}
 	}
