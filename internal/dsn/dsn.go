@@ -5,6 +5,7 @@
 package dsn
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/url"
@@ -292,7 +293,7 @@ func Secrets(dsn string) []string {
 
 // longestFirst sorts vals longest first, without repeats: the order in which Scrub replaces them.
 func longestFirst(vals []string) []string {
-	slices.SortFunc(vals, func(a, b string) int { return len(b) - len(a) })
+	slices.SortFunc(vals, func(a, b string) int { return cmp.Or(len(b)-len(a), strings.Compare(a, b)) })
 	return slices.Compact(vals)
 }
 

@@ -109,6 +109,12 @@ func TestCheckNeverQuotesPassword(t *testing.T) {
 		// The same after a '#': net/url reads a fragment there, pgx (as libpq) a host and a query.
 		`postgres://h#x?postgres://u:s3cr3t@h/db`,
 		`postgres://h:5432#x?postgres://u:s3cr3t@h/db`,
+		// pgx quotes with "%s": a '"' in the piece ends its quote early.
+		`postgres://h/db?ab"postgres://u:s3cr3t@h/db`,
+		`postgres://h/db?postgres://u:s3"cr3t@h/db`,
+		// A value pgx prints unquoted.
+		`postgres://h/db?target_session_attrs=postgres://u:s3cr3t@h/db`,
+		`host=h target_session_attrs=postgres://u:s3cr3t@h/db`,
 	} {
 		err := Check(dsn)
 		if err == nil {

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -26,9 +27,12 @@ func PoolConfig(dsn string) (*pgxpool.Config, error) {
 }
 
 // parseError keeps what pgx says was wrong and drops the connection string it quotes:
-// "cannot parse `<dsn>`: <reason> (<cause>)" becomes "<reason> (<cause>)". What the reason
-// quotes of the DSN is dropped too (see dropQuoted), and the rest scrubbed of every spelling of
-// its passwords.
+// "cannot parse `<dsn>`: <reason> (<cause>)" becomes "<reason> (<cause>)". The reason is then
+// scrubbed of every spelling of the DSN's passwords, and whatever else it quotes or copies of the
+// DSN is dropped (see dropQuoted and dropCopied): a driver echoes the piece it refuses, and that
+// piece can hold a password in a spelling that Secrets cannot foresee (pgx reads a URL as libpq
+// does, where '#' starts no fragment, so a shard's DSN expanded after a '#' is quoted whole, and
+// it quotes with "%s", so a '"' inside the piece ends the quote early).
 func parseError(dsn string, err error) error {
 	text := err.Error()
 	if pce := (*pgconn.ParseConfigError)(nil); errors.As(err, &pce) {
@@ -37,18 +41,14 @@ func parseError(dsn string, err error) error {
 			text = err.Error()[i+3:]
 		}
 	}
-	return errors.New(Scrub(dsn, dropQuoted(text)))
+	return errors.New(dropCopied(dsn, dropQuoted(Scrub(dsn, text))))
 }
 
-// quotedText matches a double-quoted string in a message, Go escapes included.
-var quotedText = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
+// quotedText matches a double-quoted string in a message, with or without Go's escapes.
+var quotedText = regexp.MustCompile(`(?s)"(?:[^"\\]|\\.)*"`)
 
-// dropQuoted replaces each piece of the DSN that a driver message quotes with "…". The driver
-// quotes the piece it refuses (a query parameter, a port, a value), and that piece can hold a
-// password in a spelling that Secrets, which reads the DSN as net/url and libpq's grammar do,
-// cannot foresee: pgx reads a URL as libpq does, where '#' starts no fragment, so a DSN of
-// another shard expanded after a '#' is quoted whole. A single character (a separator such as
-// "=") and a connection keyword stay, so the message still says what was wrong and where.
+// dropQuoted replaces what a driver message quotes with "…", but a single character (a separator
+// such as "=") or a connection keyword, so the message still says what was wrong and where.
 func dropQuoted(text string) string {
 	return quotedText.ReplaceAllStringFunc(text, func(q string) string {
 		inner, err := strconv.Unquote(q)
@@ -60,6 +60,46 @@ func dropQuoted(text string) string {
 		}
 		return `"…"`
 	})
+}
+
+// minCopied is the shortest run of a DSN's text that dropCopied drops from a message.
+const minCopied = 4
+
+// dropCopied replaces each run of minCopied or more characters that text copies from dsn with
+// "…", but a run that is a connection keyword: a message about a refused DSN then names the
+// setting, never its value, whatever the quoting.
+func dropCopied(dsn, text string) string {
+	var b strings.Builder
+	for i := 0; i < len(text); {
+		n := 0 // bytes of the longest run of whole runes at i that dsn holds
+		for i+n < len(text) {
+			_, size := utf8.DecodeRuneInString(text[i+n:])
+			if !strings.Contains(dsn, text[i:i+n+size]) {
+				break
+			}
+			n += size
+		}
+		run := text[i : i+n]
+		switch {
+		case utf8.RuneCountInString(run) >= minCopied && !isKeywordRun(run):
+			b.WriteString("…")
+		case n > 0:
+			b.WriteString(run)
+		default:
+			_, n = utf8.DecodeRuneInString(text[i:])
+			b.WriteString(text[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
+}
+
+// isKeywordRun reports whether run is a connection keyword, with the blanks and punctuation
+// around it.
+func isKeywordRun(run string) bool {
+	word := strings.TrimFunc(run, func(r rune) bool { return r != '_' && !unicode.IsLetter(r) && !unicode.IsDigit(r) })
+	_, known := dsnKeywords[strings.ToLower(word)]
+	return known
 }
 
 // Scrub returns text with every password of dsn replaced by Redacted, in each spelling it can
