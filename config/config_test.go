@@ -36,7 +36,7 @@ func TestParseValid(t *testing.T) {
 		t.Errorf("unexpected values: %+v", c)
 	}
 	if gc := c.GroupCommit; gc.MaxBatch != 64 || gc.InFlight != 1 || gc.MaxInFlight != 4 || gc.StallAfter != 20*time.Millisecond {
-		t.Errorf("group_commit %+v, want the defaults: max_batch 64 (on), in_flight 2, max_in_flight 4, stall_after 20ms", gc)
+		t.Errorf("group_commit %+v, want the defaults: max_batch 64 (on), in_flight 1, max_in_flight 4, stall_after 20ms", gc)
 	}
 	if len(c.Auth.Clients) != 1 || c.Auth.Clients[0].Name != "payments-api" || c.Auth.Clients[0].TokenSHA256[0] != 0x9f {
 		t.Errorf("clients: %+v", c.Auth.Clients)

@@ -249,8 +249,10 @@ func TestFlushersFallBackAfterAStall(t *testing.T) {
 	time.Sleep(10 * time.Millisecond) // the stuck groups' flushers decide whether to go on
 	// Start counting afresh between two groups, so that no group that stalled before is still in
 	// flight (a flush that starts after the check below is new, and has not stalled).
-	for g.inFlight.Load() != 0 {
-		time.Sleep(50 * time.Microsecond)
+	for deadline := time.Now().Add(5 * time.Second); g.inFlight.Load() != 0; time.Sleep(50 * time.Microsecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no moment without a group in flight in 5s")
+		}
 	}
 	g.most.Store(0)
 	stalls.Store(0)
@@ -321,8 +323,9 @@ func TestRecoveredFlusherYieldsTheQueue(t *testing.T) {
 	close(stuck)
 	stuckDone.Wait()
 	time.Sleep(20 * time.Millisecond) // time for the recovered flushers to take the queue, were they to
-	busyStalled := stalls.Load() > 2
-	if n := pending(); n != 5 && !busyStalled {
+	n := pending()
+	busyStalled := stalls.Load() > 2 // read after the queue: a stall before that is counted
+	if n != 5 && !busyStalled {
 		t.Errorf("%d of 5 queued items left once the stalled groups ended: the recovered flushers took the queue", n)
 	}
 	close(busy)

@@ -270,7 +270,7 @@ func TestUpkeepFinishesInterruptedDetach(t *testing.T) {
 		if err := interruptDetach(t, pool, young).Rollback(ctx); err != nil {
 			t.Fatal(err)
 		}
-		_, err := Upkeep(ctx, pool, opts)
+		_, err := Upkeep(ctx, pool, patient)
 		if err == nil || !strings.Contains(err.Error(), "pending detach") {
 			t.Fatalf("upkeep: %v, want an error about the pending detach", err)
 		}

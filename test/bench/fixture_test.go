@@ -210,10 +210,10 @@ func (g groupStats) minus(o groupStats) groupStats {
 	return g.plus(groupStats{-o.groups, -o.items, -o.stalls, -o.waited, -o.onShard})
 }
 
-// groupStats reads the router's group commit metrics (shardgate_group_commit_size,
+// readGroupStats reads the router's group commit metrics (shardgate_group_commit_size,
 // _wait_seconds, _stalls_total, and shardgate_shard_request_duration_seconds) as its /metrics
 // would show them.
-func (r *routerServer) groupStats() (groupStats, error) {
+func (r *routerServer) readGroupStats() (groupStats, error) {
 	mfs, err := r.svc.Registry.Gather()
 	if err != nil {
 		return groupStats{}, fmt.Errorf("reading the router's metrics: %w", err)

@@ -71,7 +71,7 @@ func (f *fixture) measure(ctx context.Context, r row, c int, d time.Duration, on
 		f.runs++
 		return f.runPgbench(ctx, pgbenchRun{script: "transfer_new.sql", clients: c, duration: d, vars: vars})
 	case routerNewRow:
-		before, err := on.groupStats()
+		before, err := on.readGroupStats()
 		if err != nil {
 			return measurement{}, err
 		}
@@ -79,7 +79,7 @@ func (f *fixture) measure(ctx context.Context, r row, c int, d time.Duration, on
 		if err != nil {
 			return m, err
 		}
-		after, err := on.groupStats()
+		after, err := on.readGroupStats()
 		if err != nil {
 			return m, err
 		}

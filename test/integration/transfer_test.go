@@ -197,7 +197,7 @@ func TestInFlightDuplicateIs409Promptly(t *testing.T) {
 }
 
 // Groups stuck on a shard (each attempt waits on the ledger lock) do not hold up its other
-// transfers: two groups are stuck (more than group_commit.in_flight, whatever its value up to 2),
+// transfers: two groups are stuck (at least group_commit.in_flight, whatever its value up to 2),
 // and after group_commit.stall_after the next group goes beside them, so a duplicate of a stuck
 // attempt is still answered 409 at once.
 func TestStuckGroupsDoNotHoldUpTheShard(t *testing.T) {
