@@ -207,6 +207,19 @@ func TestServeReloadsOnSIGHUP(t *testing.T) {
 	waitVersion(2)
 }
 
+// A SIGHUP sent the moment the router says it is ready reloads the map; it must not find the
+// signal unhandled (Go's default for SIGHUP is to exit, which would end this test binary).
+func TestServeTakesSIGHUPRightAfterReady(t *testing.T) {
+	service.MapPollInterval = time.Hour
+	t.Cleanup(func() { service.MapPollInterval = time.Second })
+	f, waitVersion, _ := startReloadServe(t)
+	f.write(2, `"-"`)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitVersion(2)
+}
+
 // startServe runs serveOn on a loopback listener with cfg and the map at mapPath until the test
 // ends, and returns the address once the router accepts requests.
 func startServe(t *testing.T, cfg *config.Config, mapPath string) string {
