@@ -186,10 +186,16 @@ func parseKeyValueDSN(dsn string) ([]kvPair, error) {
 // in a malformed DSN, what sits where a keyword should be may be a piece of
 // a password (password=two words, or a password pasted as the whole DSN).
 func settingName(key string, n int) string {
-	if _, known := dsnKeywords[strings.ToLower(key)]; known {
+	if isKeyword(key) {
 		return fmt.Sprintf("setting %d (%q)", n, key)
 	}
 	return fmt.Sprintf("setting %d", n)
+}
+
+// isKeyword reports whether word is a connection setting libpq or pgx knows, in any case.
+func isKeyword(word string) bool {
+	_, known := dsnKeywords[strings.ToLower(word)]
+	return known
 }
 
 // dsnKeywords are the connection settings of libpq (PostgreSQL 15-17) and

@@ -55,7 +55,7 @@ func dropQuoted(text string) string {
 		if err != nil {
 			inner = q[1 : len(q)-1]
 		}
-		if _, keyword := dsnKeywords[strings.ToLower(inner)]; keyword || utf8.RuneCountInString(inner) <= 1 {
+		if isKeyword(inner) || utf8.RuneCountInString(inner) <= 1 {
 			return q
 		}
 		return `"…"`
@@ -97,9 +97,7 @@ func dropCopied(dsn, text string) string {
 // isKeywordRun reports whether run is a connection keyword, with the blanks and punctuation
 // around it.
 func isKeywordRun(run string) bool {
-	word := strings.TrimFunc(run, func(r rune) bool { return r != '_' && !unicode.IsLetter(r) && !unicode.IsDigit(r) })
-	_, known := dsnKeywords[strings.ToLower(word)]
-	return known
+	return isKeyword(strings.TrimFunc(run, func(r rune) bool { return r != '_' && !unicode.IsLetter(r) && !unicode.IsDigit(r) }))
 }
 
 // Scrub returns text with every password of dsn replaced by Redacted, in each spelling it can
