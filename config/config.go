@@ -1,13 +1,11 @@
-// Package config loads router.yaml: strict decoding (unknown keys are errors), defaults in one
-// place, and validation that refuses a configuration that would be unsafe to run.
+// Package config loads router.yaml: strict decoding (an unknown key or a value of the wrong
+// kind is an error naming its line and key), defaults in one place, and validation that refuses
+// a configuration that would be unsafe to run.
 package config
 
 import (
-	"bytes"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -205,7 +203,8 @@ type duration struct{ time.Duration }
 func (d *duration) UnmarshalYAML(n *yaml.Node) error {
 	v, err := time.ParseDuration(n.Value)
 	if err != nil {
-		return fmt.Errorf("line %d: %q is not a duration (use e.g. 720h, 1s, 500ms)", n.Line, n.Value)
+		// A TypeError, so that the decoder goes on and reports every problem of the file.
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %q is not a duration (use e.g. 720h, 1s, 500ms)", n.Line, n.Value)}}
 	}
 	d.Duration = v
 	return nil
@@ -239,17 +238,6 @@ func Parse(path string, data []byte) (*Config, error) {
 		return nil, fmt.Errorf("%s: invalid configuration:\n  %s", path, strings.Join(problems, "\n  "))
 	}
 	return c, nil
-}
-
-// decode reads router.yaml strictly: an unknown key is an error.
-func decode(data []byte) (*file, error) {
-	var f file
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
-		return nil, err
-	}
-	return &f, nil
 }
 
 // withDefaults is the one place defaults live: it fills every absent key and converts what the

@@ -45,8 +45,17 @@ func TestParseValid(t *testing.T) {
 
 func TestParseRejects(t *testing.T) {
 	for _, tc := range []struct{ name, yaml, want string }{
-		{"unknown key", validYAML + "colour: blue\n", "field colour not found"},
-		{"unknown nested key", strings.Replace(validYAML, "  retention: 720h", "  retension: 720h", 1), "field retension not found"},
+		{"unknown key", validYAML + "colour: blue\n", "line 13: colour is not a setting (router.yaml takes admin, auth, group_commit,"},
+		{"unknown nested key", strings.Replace(validYAML, "  retention: 720h", "  retension: 720h", 1),
+			"line 4: idempotency.retension is not a setting (idempotency takes in_progress_retry_after, partition_interval, partitions_ahead, replay_window, retention)"},
+		{"unknown key in a list item", strings.Replace(validYAML, "token_sha256:", "token:", 1), "line 12: auth.clients[0].token is not a setting (auth.clients[0] takes name, token_sha256)"},
+		{"unknown key merged in", "defaults: &d {max_batch: 8, colour: blue}\n", "line 1: defaults is not a setting"},
+		{"unknown key merged into a section", "group_commit:\n  <<: {max_batch: 8, colour: blue}\n", "line 2: group_commit: colour, merged in here, is not a setting"},
+		{"text for a number", validYAML + "group_commit:\n  max_batch: many\n", `line 14: group_commit.max_batch: "many" is not a whole number`},
+		{"text for a switch", validYAML + "relay:\n  enabled: sometimes\n", `line 14: relay.enabled: "sometimes" is not true or false`},
+		{"a list for a section", validYAML + "group_commit: [8]\n", "line 13: group_commit: a list is not a mapping of settings"},
+		{"a number for a section", validYAML + "transfers: 3\n", `line 13: transfers: "3" is not a mapping of settings`},
+		{"a mapping for a list", "auth:\n  mode: tokens\n  clients: {}\n", "line 3: auth.clients: a mapping is not a list"},
 		{"retention below twice replay window", strings.Replace(validYAML, "retention: 720h", "retention: 300h", 1), "less than twice replay_window"},
 		{"bad duration", strings.Replace(validYAML, "retention: 720h", "retention: 30 days", 1), "not a duration"},
 		{"unsupported interval", strings.Replace(validYAML, "partition_interval: 24h", "partition_interval: 6h", 1), "partition_interval"},
@@ -70,6 +79,24 @@ func TestParseRejects(t *testing.T) {
 				t.Fatalf("error %v, want one containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestParseNamesEveryMistypedValue: the decoder's problems are reported together, each by its
+// key, and no Go type leaks into them.
+func TestParseNamesEveryMistypedValue(t *testing.T) {
+	y := validYAML + "group_commit:\n  max_batch: many\n  stall_after: soon\nshard_pool:\n  max_conns: -x\n"
+	_, err := Parse("router.yaml", []byte(y))
+	if err == nil {
+		t.Fatal("want an error")
+	}
+	for _, want := range []string{`group_commit.max_batch: "many" is not a whole number`, `group_commit.stall_after: "soon" is not a duration`, `shard_pool.max_conns: "-x" is not a whole number`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "int32") || strings.Contains(err.Error(), "struct") {
+		t.Errorf("error %q names Go types", err)
 	}
 }
 
