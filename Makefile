@@ -7,14 +7,14 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # golang/go#75804, fixed in Go 1.27). 50000 inputs take about 5-20 s per target here.
 FUZZTIME ?= 50000x
 
-.PHONY: test test-local deps lint cross unit fuzz containers bench bench-smoke build run
+.PHONY: test test-local deps lint cross unit fuzz containers bench bench-smoke bench-compare bench-compare-smoke build run
 
 ## test: every check CI runs: lint, unit and integration tests with -race on local PostgreSQL
 ## processes, fuzzing, the benchmark smoke run, then the same suites on containers
 test: test-local containers
 
 ## test-local: everything but the container suites (for machines without Docker)
-test-local: deps lint unit fuzz bench-smoke
+test-local: deps lint unit fuzz bench-smoke bench-compare-smoke
 
 ## containers: images from Debian packages, the suites on shard containers, compose smoke test
 containers:
@@ -56,6 +56,19 @@ bench: deps
 ## bench-smoke: the same phases at concurrency 1 and 8 for 1 s each, every phase checking its rows
 bench-smoke: deps
 	$(GO) test ./test/bench -run '^$$' -bench . -benchtime 1x -timeout 10m -args -bench.duration 1s -bench.concurrency 1,8
+
+## bench-compare: new keys through the router at BASE (a git revision) and at HEAD (default: the
+## working tree) side by side under wrk, with the anchor CTE between them, three rounds at
+## concurrency 1, 8 and 64 (about 6 minutes; scripts/bench-compare.sh takes -r, -d and -c).
+## BASE_CONF and HEAD_CONF add a router.yaml line to a side, e.g. HEAD_CONF='group_commit: {in_flight: 2}'
+bench-compare:
+	@[ -n "$(BASE)" ] || { echo "usage: make bench-compare BASE=<git revision> [HEAD=<git revision>] [BASE_CONF=<yaml>] [HEAD_CONF=<yaml>]" >&2; exit 2; }
+	./scripts/bench-compare.sh -B '$(BASE_CONF)' -H '$(HEAD_CONF)' $(BASE) $(HEAD)
+
+## bench-compare-smoke: the script, one short round of HEAD against the working tree, so that it
+## keeps working (its row checks included)
+bench-compare-smoke:
+	./scripts/bench-compare.sh -r 1 -d 1 -c 1,8 HEAD
 
 build:
 	CGO_ENABLED=0 $(GO) build -o bin/router ./cmd/router

@@ -2,7 +2,8 @@
 # Installs what shardgate needs beyond Go, from Debian's packages. `ensure-deps.sh run` (for
 # `make run`): the PostgreSQL server binaries (initdb, postgres) and nothing else.
 # `ensure-deps.sh` or `ensure-deps.sh test` (for the tests): also pgbench and promtool (checks
-# the alert rules). Idempotent: does nothing when they are present.
+# the alert rules). `ensure-deps.sh compare` (for scripts/bench-compare.sh): the server binaries,
+# pgbench and wrk. Idempotent: does nothing when they are present.
 set -euo pipefail
 
 have_server() {
@@ -11,12 +12,17 @@ have_server() {
 }
 
 purpose="${1:-test}"
-case "$purpose" in run|test) ;; *) echo "usage: ensure-deps.sh [run|test]" >&2; exit 2 ;; esac
+case "$purpose" in run|test|compare) ;; *) echo "usage: ensure-deps.sh [run|test|compare]" >&2; exit 2 ;; esac
 missing=()
 have_server || missing+=(postgresql-15)
-if [ "$purpose" = test ]; then
+if [ "$purpose" != run ]; then
   command -v pgbench >/dev/null || missing+=(postgresql-client-15)
+fi
+if [ "$purpose" = test ]; then
   command -v promtool >/dev/null || missing+=(prometheus)
+fi
+if [ "$purpose" = compare ]; then
+  command -v wrk >/dev/null || missing+=(wrk)
 fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 
@@ -33,4 +39,7 @@ if command -v service >/dev/null; then
   service prometheus stop >/dev/null 2>&1 || true
 fi
 have_server
-[ "$purpose" = run ] || { command -v pgbench >/dev/null && command -v promtool >/dev/null; }
+case "$purpose" in
+  test) command -v pgbench >/dev/null && command -v promtool >/dev/null ;;
+  compare) command -v pgbench >/dev/null && command -v wrk >/dev/null ;;
+esac

@@ -1,0 +1,51 @@
+-- wrk script of scripts/bench-compare.sh: POST /transfers, every request with a new
+-- Idempotency-Key (a random prefix per thread, read from /dev/urandom, and a counter), accounts
+-- spread over 1..100000 so that no account is hot. Prints the latency percentiles and the
+-- completed requests (new 201s, 503s of a router shedding load, anything else) on one line, for
+-- the script to read.
+local threads = {}
+local counter = 0
+local prefix
+
+function setup(thread)
+  table.insert(threads, thread)
+end
+
+function init(args)
+  local f = assert(io.open("/dev/urandom", "rb"))
+  local bytes = f:read(12)
+  f:close()
+  prefix = bytes:gsub(".", function(c) return string.format("%02x", c:byte()) end) .. "-"
+  created, shed, other = 0, 0, 0
+end
+
+function request()
+  counter = counter + 1
+  local src = math.random(1, 100000)
+  local body = string.format('{"src":%d,"dst":%d,"amount":%d}', src, src % 100000 + 1, math.random(1, 100000))
+  return wrk.format("POST", "/transfers", {
+    ["Content-Type"] = "application/json",
+    ["Idempotency-Key"] = prefix .. counter,
+  }, body)
+end
+
+function response(status, headers, body)
+  if status == 201 and headers["Idempotent-Replayed"] == nil then
+    created = created + 1
+  elseif status == 503 then
+    shed = shed + 1
+  else
+    other = other + 1
+  end
+end
+
+function done(summary, latency, requests)
+  local c, s, o = 0, 0, 0
+  for _, t in ipairs(threads) do
+    c = c + t:get("created")
+    s = s + t:get("shed")
+    o = o + t:get("other")
+  end
+  io.write(string.format("p50_ms=%.3f p99_ms=%.3f created=%d shed=%d other=%d\n",
+    latency:percentile(50) / 1000, latency:percentile(99) / 1000, c, s, o))
+end
