@@ -202,9 +202,10 @@ type duration struct{ time.Duration }
 
 func (d *duration) UnmarshalYAML(n *yaml.Node) error {
 	v, err := time.ParseDuration(n.Value)
-	if err != nil {
-		// A TypeError, so that the decoder goes on and reports every problem of the file.
-		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %q is not a duration (use e.g. 720h, 1s, 500ms)", n.Line, n.Value)}}
+	if err != nil || n.Kind != yaml.ScalarNode {
+		// A TypeError, so that the decoder goes on to the rest of the file; decode words it
+		// with its line and key.
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("%s is not a duration (use e.g. 720h, 1s, 500ms)", describe(n))}}
 	}
 	d.Duration = v
 	return nil
