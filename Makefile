@@ -60,7 +60,7 @@ bench-smoke: deps
 ## bench-compare: new keys through the router at BASE (a git revision) and at HEAD (default: the
 ## working tree) side by side under wrk, with the anchor CTE between them, three rounds at
 ## concurrency 1, 8 and 64 (about 6 minutes; scripts/bench-compare.sh takes -r, -d and -c).
-## BASE_CONF and HEAD_CONF add a router.yaml line to a side, e.g. HEAD_CONF='group_commit: {in_flight: 2}'
+## BASE_CONF and HEAD_CONF add router.yaml settings to a side, e.g. HEAD_CONF='group_commit: {in_flight: 2}'
 bench-compare:
 	@[ -n "$(BASE)" ] || { echo "usage: make bench-compare BASE=<git revision> [HEAD=<git revision>] [BASE_CONF=<yaml>] [HEAD_CONF=<yaml>]" >&2; exit 2; }
 	./scripts/bench-compare.sh -B '$(BASE_CONF)' -H '$(HEAD_CONF)' $(BASE) $(HEAD)

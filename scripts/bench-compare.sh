@@ -5,11 +5,14 @@
 #
 #   scripts/bench-compare.sh [-r ROUNDS] [-d SECONDS] [-c 1,8,64] [-B YAML] [-H YAML] BASE [HEAD]
 #
-# BASE and HEAD are git revisions; HEAD defaults to the working tree. -B and -H add a line of
-# router.yaml (flow style, e.g. -H 'group_commit: {in_flight: 2}') to the base's or the head's
-# configuration, so that one revision can be compared with itself under two settings. Each round runs, for each
-# concurrency, both routers (in alternating order from round to round, so that a machine that
-# slows down or speeds up does not favour one side) and then the anchor. The machine is noisy:
+# BASE and HEAD are git revisions; HEAD defaults to the working tree. -B and -H add YAML (flow
+# style fits one line, e.g. -H 'group_commit: {in_flight: 2}') to the base's or the head's
+# router.yaml, so that one revision can be compared with itself under two settings; an auth or
+# shard_pool section given so replaces the script's (auth mode none, 64 connections).
+#
+# Each round runs, for each concurrency, both routers (in alternating order from round to
+# round, so that a machine that slows down or speeds up does not favour one side) and then the
+# anchor. The machine is noisy:
 # read the ranges over rounds and the pair-by-pair ratios, not one run. Every answer must be a
 # new 201 or a 503 (a router shedding load: counted and shown, since throughput bought by
 # refusing work is no throughput), and at the end each side's ledger must hold a debit for every
@@ -36,23 +39,36 @@ done
 shift $((OPTIND - 1))
 [ $# -ge 1 ] && [ $# -le 2 ] || usage
 [[ $rounds =~ ^[1-9][0-9]*$ && $duration =~ ^[1-9][0-9]*$ && $concurrency =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || usage
+if printf '%s\n%s\n' "$base_conf" "$head_conf" | grep -Eq '^(listen|shardmap):'; then
+  echo "bench-compare: -B and -H may not set listen or shardmap (the script's)" >&2
+  exit 2
+fi
 
 repo=$(git rev-parse --show-toplevel)
 cd "$repo"
 "$repo/scripts/ensure-deps.sh" compare
-base_rev=$(git rev-parse --short "$1^{commit}") || { echo "bench-compare: $1 is not a revision" >&2; exit 2; }
+revision() { git rev-parse --quiet --verify --short --end-of-options "$1^{commit}" || { echo "bench-compare: $1 is not a revision" >&2; exit 2; }; }
+base_rev=$(revision "$1")
 head_rev=worktree
-if [ $# -eq 2 ]; then
-  head_rev=$(git rev-parse --short "$2^{commit}") || { echo "bench-compare: $2 is not a revision" >&2; exit 2; }
-fi
+[ $# -eq 1 ] || head_rev=$(revision "$2")
 
 pg_bin=${SHARDGATE_PG_BIN:-}
 [ -n "$pg_bin" ] || pg_bin=$(pg_config --bindir 2>/dev/null || true)
+if [ -n "${SHARDGATE_PG_BIN:-}" ] && [ ! -x "$pg_bin/initdb" ]; then
+  echo "bench-compare: SHARDGATE_PG_BIN=$pg_bin has no initdb" >&2
+  exit 2
+fi
 [ -x "$pg_bin/initdb" ] || pg_bin=$(dirname "$(compgen -G '/usr/lib/postgresql/*/bin/initdb' | sort -V | tail -1)")
+if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
+  echo "bench-compare: as root, PostgreSQL runs as the postgres user, and there is none: run as another user" >&2
+  exit 2
+fi
 port=${SHARDGATE_COMPARE_PORT:-55490}
+# Connections: each router's pool (64), pgbench's clients, and some to spare.
+max_c=$(tr , '\n' <<<"$concurrency" | sort -n | tail -1)
 tmp=$(mktemp -d /tmp/shardgate-compare.XXXXXX)
 chmod 755 "$tmp"
-routers=()
+routers=() child=
 
 # as_pg runs a command as the postgres user when this script runs as root (PostgreSQL refuses
 # to run as root).
@@ -60,14 +76,26 @@ as_pg() {
   if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 
+# cleanup runs on every exit: it must get to the end whatever fails on the way.
 cleanup() {
-  for pid in "${routers[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  [ -f "$tmp/pg/postmaster.pid" ] && as_pg "$pg_bin/pg_ctl" -D "$tmp/pg" -m immediate stop >/dev/null 2>&1 || true
-  for src in "$tmp"/src-*; do [ -d "$src" ] && git worktree remove --force "$src"; done
+  set +e
+  local pid
+  [ -n "$child" ] && kill "$child" 2>/dev/null
+  for pid in ${routers[@]+"${routers[@]}"}; do kill "$pid" 2>/dev/null; done
+  for _ in $(seq 50); do
+    pid=
+    for pid in ${routers[@]+"${routers[@]}"}; do kill -0 "$pid" 2>/dev/null && break; pid=; done
+    [ -z "$pid" ] && break
+    sleep 0.1
+  done
+  for pid in ${routers[@]+"${routers[@]}"}; do kill -9 "$pid" 2>/dev/null; done
+  [ -f "$tmp/pg/postmaster.pid" ] && as_pg "$pg_bin/pg_ctl" -D "$tmp/pg" -m immediate stop >/dev/null 2>&1
+  for src in "$tmp"/src-*; do [ -d "$src" ] && git worktree remove --force "$src" 2>/dev/null; done
+  git worktree prune 2>/dev/null
   rm -rf "$tmp"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 # build REV NAME builds the router at REV (or the working tree) as $tmp/NAME.
 build() {
@@ -85,7 +113,7 @@ mkdir -p "$tmp/pg" "$tmp/sock"
 [ "$(id -u)" = 0 ] && chown postgres "$tmp/pg" "$tmp/sock"
 as_pg "$pg_bin/initdb" -D "$tmp/pg" -U postgres --auth=trust >/dev/null
 as_pg "$pg_bin/pg_ctl" -D "$tmp/pg" -l "$tmp/pg/server.log" -w -o "-p $port -c listen_addresses=127.0.0.1 \
-  -c unix_socket_directories=$tmp/sock -c max_connections=300 -c shared_buffers=128MB -c fsync=on \
+  -c unix_socket_directories=$tmp/sock -c max_connections=$((2 * 64 + max_c + 20)) -c shared_buffers=128MB -c fsync=on \
   -c synchronous_commit=on" start >/dev/null || {
   echo "bench-compare: PostgreSQL did not start on port $port (SHARDGATE_COMPARE_PORT); its log:" >&2
   tail -5 "$tmp/pg/server.log" >&2
@@ -94,25 +122,36 @@ as_pg "$pg_bin/pg_ctl" -D "$tmp/pg" -l "$tmp/pg/server.log" -w -o "-p $port -c l
 psql() { command psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres "$@"; }
 
 # prepare NAME PORT [YAML]: a database for the router NAME, its shard map (one shard, the whole
-# keyspace) and router.yaml (with the line YAML added), migrated by that router; then serve it.
+# keyspace) and router.yaml, migrated by that router; then serve it. YAML is added to
+# router.yaml and replaces the script's auth or shard_pool section when it sets one (listen and
+# shardmap are the script's).
 prepare() {
-  local dir=$tmp/$1-conf
+  local dir=$tmp/$1-conf extra=${3:-} pid
   mkdir -p "$dir"
   psql -c "CREATE DATABASE $1"
   printf 'version: 1\nshards:\n  - name: shard-0\n    dsn: postgres://postgres@127.0.0.1:%s/%s\n    ranges: ["-"]\n' "$port" "$1" >"$dir/shardmap.yaml"
-  printf 'listen: 127.0.0.1:%s\nshardmap: shardmap.yaml\nauth:\n  mode: none\nshard_pool:\n  max_conns: 64\n%s\n' "$2" "${3:-}" >"$dir/router.yaml"
+  {
+    printf 'listen: 127.0.0.1:%s\nshardmap: shardmap.yaml\n' "$2"
+    grep -q '^auth:' <<<"$extra" || printf 'auth:\n  mode: none\n'
+    grep -q '^shard_pool:' <<<"$extra" || printf 'shard_pool:\n  max_conns: 64\n'
+    printf '%s\n' "$extra"
+  } >"$dir/router.yaml"
   "$tmp/$1" migrate --config "$dir/router.yaml" >/dev/null || {
     echo "bench-compare: the $1 router refused its configuration or could not migrate:" >&2
     cat "$dir/router.yaml" >&2
     exit 1
   }
   (cd "$dir" && exec "$tmp/$1" serve --config router.yaml >serve.log 2>&1) &
-  routers+=($!)
+  pid=$!
+  routers+=("$pid")
+  # Ready, and still running: a router that could not bind its port has exited, whatever else
+  # answers there.
   for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$2/readyz" >/dev/null 2>&1 && return
+    kill -0 "$pid" 2>/dev/null || break
+    curl -sf "http://127.0.0.1:$2/readyz" >/dev/null 2>&1 && sleep 0.2 && kill -0 "$pid" 2>/dev/null && return
     sleep 0.1
   done
-  echo "bench-compare: the $1 router did not become ready; its log:" >&2
+  echo "bench-compare: the $1 router did not become ready on port $2; its log:" >&2
   tail -5 "$dir/serve.log" >&2
   exit 1
 }
@@ -123,14 +162,23 @@ psql -d anchor -c "CREATE TABLE idem (key text NOT NULL, scope text NOT NULL, re
   state text NOT NULL, response jsonb NOT NULL, PRIMARY KEY (scope, key));
 CREATE TABLE ledger (id uuid PRIMARY KEY, account_id bigint NOT NULL, amount bigint NOT NULL, kind text NOT NULL);"
 
+# measure CMD...: runs CMD with its output in $tmp/out, in the background so that a signal to
+# this script is taken at once (bash runs a trap only once the foreground command has ended).
+measure() {
+  "$@" >"$tmp/out" 2>&1 &
+  child=$!
+  wait "$child"
+}
+
 # load NAME PORT C: one wrk run after a 2 s warm-up; appends "NAME C tps p50 p99 shed" to
 # results, each part's count of new 201s to NAME.created and the slack for debits without their
 # 201 (cut-off requests and 503s) to NAME.slack.
 load() {
   local threads=$(($3 < 2 ? $3 : 2)) out line part
   for part in warm-up run; do
-    out=$(wrk -t"$threads" -c"$3" -d"$([ $part = run ] && echo "$duration" || echo 2)s" --timeout 10s \
-      -s "$repo/scripts/newkeys.lua" "http://127.0.0.1:$2" 2>&1) || true
+    measure wrk -t"$threads" -c"$3" -d"$([ $part = run ] && echo "$duration" || echo 2)s" --timeout 10s \
+      -s "$repo/scripts/newkeys.lua" "http://127.0.0.1:$2" || true
+    out=$(<"$tmp/out")
     line=$(grep '^p50_ms=' <<<"$out") || { echo "bench-compare: wrk failed on $1 ($part):"$'\n'"$out" >&2; exit 1; }
     if grep -q 'Socket errors' <<<"$out" || ! grep -q ' other=0$' <<<"$line"; then
       echo "bench-compare: $1 at c=$3 ($part) gave answers other than new 201s and 503s, or socket errors:"$'\n'"$out" >&2
@@ -147,9 +195,10 @@ load() {
 # anchor C: pgbench on the anchor CTE; appends "anchor C tps - - 0" to results.
 anchor() {
   local out
-  out=$(PGHOST=127.0.0.1 PGPORT=$port PGUSER=postgres pgbench -n -c "$1" -j $(($1 < 2 ? $1 : 2)) -T "$duration" \
-    -f "$repo/test/bench/testdata/anchor.sql" anchor 2>&1) || { echo "bench-compare: pgbench failed:"$'\n'"$out" >&2; exit 1; }
-  echo "anchor $1 $(awk '/^tps/ {print $3}' <<<"$out") - - 0" >>"$tmp/results"
+  measure env PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres pgbench -n -c "$1" -j $(($1 < 2 ? $1 : 2)) -T "$duration" \
+    -f "$repo/test/bench/testdata/anchor.sql" anchor || { echo "bench-compare: pgbench failed:"$'\n'"$(<"$tmp/out")" >&2; exit 1; }
+  out=$(<"$tmp/out")
+  echo "anchor $1 $(awk '/^tps/ {tps = $3} END {print tps}' <<<"$out") - - 0" >>"$tmp/results"
 }
 
 echo "bench-compare: base $base_rev${base_conf:+ ($base_conf)}, head $head_rev${head_conf:+ ($head_conf)}; $rounds rounds of ${duration}s runs at c=$concurrency" >&2
@@ -178,7 +227,7 @@ for side in base head; do
 done
 
 awk -v base="$base_rev${base_conf:+, $base_conf}" -v head="$head_rev${head_conf:+, $head_conf}" '
-  function range(k) { return lo[k] == hi[k] ? fmt(lo[k]) : fmt(lo[k]) "–" fmt(hi[k]) }
+  function range(k) { return !(k in lo) ? "—" : lo[k] == hi[k] ? fmt(lo[k]) : fmt(lo[k]) "–" fmt(hi[k]) }
   function fmt(v) { return v >= 100 ? sprintf("%.0f", v) : sprintf("%.2f", v) }
   function add(k, v) { if (!(k in lo) || v < lo[k]) lo[k] = v; if (!(k in hi) || v > hi[k]) hi[k] = v }
   {
@@ -194,7 +243,9 @@ awk -v base="$base_rev${base_conf:+, $base_conf}" -v head="$head_rev${head_conf:
     printf "| router at %s (head) |", head; for (i = 1; i <= cs; i++) printf " %s |", range("head " order[i]); print ""
     printf "| anchor CTE (pgbench) |"; for (i = 1; i <= cs; i++) printf " %s |", range("anchor " order[i]); print ""
     for (i = 1; i <= cs; i++) for (j = 1; j <= n["head " order[i]]; j++) {
-      c = order[i]; add("hb " c, run["head " c " " j] / run["base " c " " j]); add("ha " c, run["head " c " " j] / run["anchor " c " " j])
+      c = order[i]
+      if (run["base " c " " j] > 0) add("hb " c, run["head " c " " j] / run["base " c " " j])
+      if (run["anchor " c " " j] > 0) add("ha " c, run["head " c " " j] / run["anchor " c " " j])
     }
     printf "| head / base, round by round |"; for (i = 1; i <= cs; i++) printf " %s× |", range("hb " order[i]); print ""
     printf "| head / anchor, round by round |"; for (i = 1; i <= cs; i++) printf " %s× |", range("ha " order[i]); print ""

@@ -16,6 +16,8 @@ function init(args)
   local bytes = f:read(12)
   f:close()
   prefix = bytes:gsub(".", function(c) return string.format("%02x", c:byte()) end) .. "-"
+  -- each thread its own accounts: unseeded, every thread would draw the same sequence
+  math.randomseed(bytes:byte(1) * 16777216 + bytes:byte(2) * 65536 + bytes:byte(3) * 256 + bytes:byte(4))
   created, shed, other = 0, 0, 0
 end
 
