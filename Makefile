@@ -46,6 +46,7 @@ fuzz:
 	$(GO) test ./router -run '^$$' -fuzz '^FuzzTransferEncoding$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./router -run '^$$' -fuzz '^FuzzProblemBody$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./shardmap -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./config -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME)
 
 ## bench: one table of transfers/s at concurrency 1, 8, 64 and 256: the anchor CTE and the
 ## router's function under pgbench, the router on new keys and replays, and a bare net/http floor;
