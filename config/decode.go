@@ -91,10 +91,7 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path, via string) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	name := path
-	if name == "" {
-		name = "router.yaml"
-	}
+	name := orFile(path)
 	switch {
 	case reflect.PointerTo(t).Implements(unmarshaler):
 		if err := n.Decode(reflect.New(t).Interface()); err != nil {
@@ -180,7 +177,7 @@ func (w *walker) leaf(n *yaml.Node, t reflect.Type, line int, name, via string) 
 		w.add(line, "%s: %s is not %s%s", name, describe(n), kindOf(t), via)
 		return
 	}
-	isInt := t.Kind() >= reflect.Int && t.Kind() <= reflect.Uint64
+	isInt := isInteger(t)
 	err := n.Decode(reflect.New(t).Interface())
 	switch {
 	case err == nil && (!isInt || n.ShortTag() == "!!int"):
@@ -247,10 +244,10 @@ func takes(path string, fields map[string]reflect.Type) string {
 
 // kindOf words a Go type as the kind of value a key takes.
 func kindOf(t reflect.Type) string {
-	switch t.Kind() {
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+	if isInteger(t) {
 		return "a whole number"
+	}
+	switch t.Kind() {
 	case reflect.Bool:
 		return "true or false"
 	case reflect.String:
@@ -260,6 +257,8 @@ func kindOf(t reflect.Type) string {
 	}
 	return "a mapping of settings"
 }
+
+func isInteger(t reflect.Type) bool { return t.Kind() >= reflect.Int && t.Kind() <= reflect.Uint64 }
 
 // intRange words the values an integer type holds.
 func intRange(t reflect.Type) string {

@@ -158,9 +158,7 @@ prepare() {
 prepare base $((port + 1)) "$base_conf"
 prepare head $((port + 2)) "$head_conf"
 psql -c "CREATE DATABASE anchor"
-psql -d anchor -c "CREATE TABLE idem (key text NOT NULL, scope text NOT NULL, request_hash text NOT NULL,
-  state text NOT NULL, response jsonb NOT NULL, PRIMARY KEY (scope, key));
-CREATE TABLE ledger (id uuid PRIMARY KEY, account_id bigint NOT NULL, amount bigint NOT NULL, kind text NOT NULL);"
+psql -d anchor -f "$repo/test/bench/testdata/anchor_schema.sql"
 
 # measure CMD...: runs CMD with its output in $tmp/out, in the background so that a signal to
 # this script is taken at once (bash runs a trap only once the foreground command has ended).
@@ -195,7 +193,7 @@ load() {
 # anchor C: pgbench on the anchor CTE; appends "anchor C tps - - 0" to results.
 anchor() {
   local out
-  measure env PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres pgbench -n -c "$1" -j $(($1 < 2 ? $1 : 2)) -T "$duration" \
+  measure env PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres PGOPTIONS='-c search_path=anchor' pgbench -n -c "$1" -j $(($1 < 2 ? $1 : 2)) -T "$duration" \
     -f "$repo/test/bench/testdata/anchor.sql" anchor || { echo "bench-compare: pgbench failed:"$'\n'"$(<"$tmp/out")" >&2; exit 1; }
   out=$(<"$tmp/out")
   echo "anchor $1 $(awk '/^tps/ {tps = $3} END {print tps}' <<<"$out") - - 0" >>"$tmp/results"

@@ -143,7 +143,11 @@ func (f *fixture) prepareShard(ctx context.Context) error {
 	if _, err := idem.EnsurePartitions(ctx, f.admin, partition.Daily, time.Now(), 2); err != nil {
 		return err
 	}
-	if _, err := f.admin.Exec(ctx, anchorTables); err != nil {
+	anchorTables, err := os.ReadFile(filepath.Join("testdata", "anchor_schema.sql"))
+	if err != nil {
+		return err
+	}
+	if _, err := f.admin.Exec(ctx, string(anchorTables)); err != nil {
 		return fmt.Errorf("creating the anchor's tables: %w", err)
 	}
 	mapPath := filepath.Join(f.dir, "shardmap.yaml")
@@ -151,7 +155,6 @@ func (f *fixture) prepareShard(ctx context.Context) error {
 	if err := os.WriteFile(mapPath, []byte(mapYAML), 0o600); err != nil {
 		return err
 	}
-	var err error
 	if f.shardMap, err = shardmap.Load(mapPath); err != nil {
 		return err
 	}

@@ -32,27 +32,10 @@ func findPgbench(serverBin string) (string, error) {
 		": install it (apt-get install postgresql-client-15, or run scripts/ensure-deps.sh as root)")
 }
 
-// anchorSchema holds the anchor's tables, apart from shardgate's; anchor.sql runs with it as
-// its search_path.
+// anchorSchema holds the anchor's tables (testdata/anchor_schema.sql, which
+// scripts/bench-compare.sh reads too), apart from shardgate's; anchor.sql runs with it as its
+// search_path.
 const anchorSchema = "anchor"
-
-// anchorTables are what anchor.sql writes: an unpartitioned key table with PRIMARY KEY (scope,
-// key) and a ledger with a uuid primary key, as a plain hand-written design would have them.
-const anchorTables = `CREATE SCHEMA ` + anchorSchema + `;
-CREATE TABLE ` + anchorSchema + `.idem (
-    key          text  NOT NULL,
-    scope        text  NOT NULL,
-    request_hash text  NOT NULL,
-    state        text  NOT NULL,
-    response     jsonb NOT NULL,
-    PRIMARY KEY (scope, key)
-);
-CREATE TABLE ` + anchorSchema + `.ledger (
-    id         uuid   PRIMARY KEY,
-    account_id bigint NOT NULL,
-    amount     bigint NOT NULL,
-    kind       text   NOT NULL
-);`
 
 // pgbench runs pgbench scripts against one server.
 type pgbench struct {
