@@ -8,9 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/shardgate/shardgate/internal/pgtest"
 	"github.com/shardgate/shardgate/partition"
-	"github.com/shardgate/shardgate/shardmap"
 )
 
 // Keyspace ids of the tests' accounts: halfShard owns "-80", so here is one of its own and
@@ -250,20 +248,7 @@ func TestBalance(t *testing.T) {
 // once the grace has passed finds it, makes its credit owed, and never runs again.
 func TestSweepUpgradeWindowOwesInFlightDebits(t *testing.T) {
 	ctx := context.Background()
-	pool := pgtest.NewDB(t, "")
-	ms, err := Migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustExec(t, pool, `CREATE TABLE shardgate_schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`)
-	for _, m := range ms[:3] { // up to 0003: the previous release
-		mustExec(t, pool, m.SQL)
-		mustExec(t, pool, "INSERT INTO shardgate_schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name)
-	}
-	all, _ := shardmap.ParseKeyRange("-")
-	if err := ApplyOwnership(ctx, pool, Ownership{Shard: "s", MapVersion: 1, Ranges: []shardmap.KeyRange{all}}, Grant); err != nil {
-		t.Fatal(err)
-	}
+	pool, ms := releaseDB(t, 3) // up to 0003: the previous release
 	if _, err := EnsurePartitions(ctx, pool, partition.Daily, time.Now(), 1); err != nil {
 		t.Fatal(err)
 	}
@@ -277,10 +262,14 @@ func TestSweepUpgradeWindowOwesInFlightDebits(t *testing.T) {
 		signedKeyspace(here)).Scan(&outcome); err != nil || outcome != "applied" {
 		t.Fatalf("the old release's transfer: %s %v", outcome, err)
 	}
-	if _, err := Migrate(ctx, pool); err != nil {
+	// 0004 runs while the old transfer is in flight (later migrations may need it to have ended:
+	// 0006 takes idempotency_record's table lock for its CHECK).
+	mustExec(t, pool, ms[3].SQL)
+	mustExec(t, pool, "INSERT INTO shardgate_schema_migrations (version, name) VALUES ($1, $2)", ms[3].Version, ms[3].Name)
+	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if _, err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	if d, c, owed := legs(t, pool, "t-inflight"); d != 1 || c != 0 || owed {

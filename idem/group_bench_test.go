@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/shardmap"
 )
@@ -14,47 +17,65 @@ import (
 // BenchmarkGroupFunctions measures one item of a group of k new transfers through each group
 // function, on a shard that owns both accounts (so each item writes its debit, its record and its
 // credit). It is what places setWiseFrom: the smallest group for which shardgate_apply_batch
-// costs less per item than shardgate_apply_rows.
+// costs less per item than shardgate_apply_rows. Keys are UUIDv7, as the Go client makes them,
+// or opaque strings (keys=opaque: no floor, every partition is read); partitions=4 is a fresh
+// shard's (today and three ahead), partitions=34 one that has run a while at the default
+// retention (30 days of daily partitions).
 //
 //	go test ./idem -run '^$' -bench GroupFunctions -benchtime 2000x -count 3
 func BenchmarkGroupFunctions(b *testing.B) {
+	for _, days := range []int{0, 30} {
+		ctx := context.Background()
+		pool := migratedDB(b, fmt.Sprintf("days%d", days))
+		all, _ := shardmap.ParseKeyRange("-")
+		if err := ApplyOwnership(ctx, pool, Ownership{Shard: "bench", MapVersion: 1, Ranges: []shardmap.KeyRange{all}}, Grant); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := EnsurePartitions(ctx, pool, partition.Daily, time.Now().AddDate(0, 0, -days), days+3); err != nil {
+			b.Fatal(err)
+		}
+		// As on a shard migrated longer ago than retention: every record it holds was written
+		// under 0006's rule.
+		mustExec(b, pool, "UPDATE shardgate_record_floor SET unchecked_before = now() - make_interval(days => $1 + 1)", days)
+		b.Run(fmt.Sprintf("partitions=%d", days+4), func(b *testing.B) { benchGroupFunctions(b, pool) })
+	}
+}
+
+func benchGroupFunctions(b *testing.B, pool *pgxpool.Pool) {
 	ctx := context.Background()
-	pool := migratedDB(b, "")
-	all, _ := shardmap.ParseKeyRange("-")
-	if err := ApplyOwnership(ctx, pool, Ownership{Shard: "bench", MapVersion: 1, Ranges: []shardmap.KeyRange{all}}, Grant); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := EnsurePartitions(ctx, pool, partition.Daily, time.Now(), 2); err != nil {
-		b.Fatal(err)
-	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	run := 0
-	for _, k := range []int{1, 2, 3, 4, 6, 8, 16, 64} {
-		for _, fn := range []string{applyRows, applyBatch} {
-			b.Run(fmt.Sprintf("%s/k=%d", fn, k), func(b *testing.B) {
-				run++
-				q := groupSQL(fn)
-				group := make([]TransferRequest, k)
-				for n := range b.N {
-					for i := range group {
-						src := rng.Int64N(1_000_000) + 1
-						key := fmt.Sprintf("bench-%d-%d-%d", run, n, i)
-						group[i] = testTransfer(key, rng.Int64N(100_000)+1)
-						group[i].Src, group[i].Dst = src, src+1
-						group[i].KeyspaceID, group[i].DstKeyspaceID = shardmap.KeyspaceID(src), shardmap.KeyspaceID(src+1)
-					}
-					res, err := transferGroup(ctx, pool, group, q)
-					if err != nil {
-						b.Fatal(err)
-					}
-					for i, r := range res {
-						if r.Outcome != Applied || !r.CreditSettled {
-							b.Fatalf("item %d: %s (credit settled %t), want applied with its credit", i, r.Outcome, r.CreditSettled)
+	for _, keys := range []string{"uuidv7", "opaque"} {
+		for _, k := range []int{1, 2, 3, 4, 6, 8, 16, 64} {
+			for _, fn := range []string{applyRows, applyBatch} {
+				b.Run(fmt.Sprintf("keys=%s/%s/k=%d", keys, fn, k), func(b *testing.B) {
+					run++
+					q := groupSQL(fn)
+					group := make([]TransferRequest, k)
+					for n := range b.N {
+						for i := range group {
+							src := rng.Int64N(1_000_000) + 1
+							key := fmt.Sprintf("bench-%d-%d-%d", run, n, i)
+							if keys == "uuidv7" {
+								key = uuid.Must(uuid.NewV7()).String()
+							}
+							group[i] = testTransfer(key, rng.Int64N(100_000)+1)
+							group[i].Src, group[i].Dst = src, src+1
+							group[i].KeyspaceID, group[i].DstKeyspaceID = shardmap.KeyspaceID(src), shardmap.KeyspaceID(src+1)
+						}
+						res, err := transferGroup(ctx, pool, group, q)
+						if err != nil {
+							b.Fatal(err)
+						}
+						for i, r := range res {
+							if r.Outcome != Applied || !r.CreditSettled {
+								b.Fatalf("item %d: %s (credit settled %t), want applied with its credit", i, r.Outcome, r.CreditSettled)
+							}
 						}
 					}
-				}
-				b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*k), "µs/item")
-			})
+					b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*k), "µs/item")
+				})
+			}
 		}
 	}
 }

@@ -38,3 +38,25 @@ func migratedDB(t testing.TB, suffix string) *pgxpool.Pool {
 	}
 	return pool
 }
+
+// releaseDB creates a fresh database migrated by the first n migrations only (a shard of an
+// earlier release, as migrate leaves it), owning the whole keyspace, and returns a pool on it
+// with those migrations: the rest are the upgrade under test.
+func releaseDB(t *testing.T, n int) (*pgxpool.Pool, []Migration) {
+	t.Helper()
+	pool := pgtest.NewDB(t, "")
+	ms, err := Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, pool, `CREATE TABLE shardgate_schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`)
+	for _, m := range ms[:n] {
+		mustExec(t, pool, m.SQL)
+		mustExec(t, pool, "INSERT INTO shardgate_schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name)
+	}
+	all, _ := shardmap.ParseKeyRange("-")
+	if err := ApplyOwnership(context.Background(), pool, Ownership{Shard: "s", MapVersion: 1, Ranges: []shardmap.KeyRange{all}}, Grant); err != nil {
+		t.Fatal(err)
+	}
+	return pool, ms
+}

@@ -24,7 +24,7 @@ const month = 30 * 24 * time.Hour
 // cannot be confused with those transfers write to.
 var fixedNow = time.Date(2026, 3, 15, 0, 0, 0, 0, time.UTC)
 
-func mustExec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
+func mustExec(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) {
 	t.Helper()
 	if _, err := pool.Exec(context.Background(), sql, args...); err != nil {
 		t.Fatalf("%s: %v", sql, err)

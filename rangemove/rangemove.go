@@ -362,7 +362,9 @@ const (
 func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, iv partition.Interval, mv *MoveReport) error {
 	lo, hi := idem.Bounds(r)
 	var oldest, newest *time.Time
-	if err := src.QueryRow(ctx, "SELECT min(created_at), max(created_at) FROM idempotency_record WHERE "+inRange, lo, hi).Scan(&oldest, &newest); err != nil {
+	// A record is copied dated no earlier than its key's floor (shardgate_copy_records): one
+	// written before migration 0006 may land later than its date here.
+	if err := src.QueryRow(ctx, "SELECT min(created_at), max(greatest(created_at, shardgate_key_floor(key))) FROM idempotency_record WHERE "+inRange, lo, hi).Scan(&oldest, &newest); err != nil {
 		return err
 	}
 	if oldest != nil {

@@ -3,12 +3,18 @@
 # generator in its own process, as issue 11 measured), with the anchor CTE under pgbench between
 # them, all on one durable PostgreSQL (fsync and synchronous_commit on) started for the run.
 #
-#   scripts/bench-compare.sh [-r ROUNDS] [-d SECONDS] [-c 1,8,64] [-B YAML] [-H YAML] BASE [HEAD]
+#   scripts/bench-compare.sh [-r ROUNDS] [-d SECONDS] [-c 1,8,64] [-a DAYS] [-B YAML] [-H YAML] BASE [HEAD]
 #
 # BASE and HEAD are git revisions; HEAD defaults to the working tree. -B and -H add YAML (flow
 # style fits one line, e.g. -H 'group_commit: {in_flight: 2}') to the base's or the head's
 # router.yaml, so that one revision can be compared with itself under two settings; an auth or
 # shard_pool section given so replaces the script's (auth mode none, 64 connections).
+#
+# -a DAYS starts each router's database as one that has run DAYS days at daily partitions: an
+# (empty) idempotency_record partition for each of them, and, for a release with migration 0006,
+# every record taken to be under its key-floor rule. A fresh database has four partitions; the
+# default retention keeps about 34. Empty partitions understate the lookup's cost a little (their
+# indexes are a single page).
 #
 # Each round runs, for each concurrency, both routers (in alternating order from round to
 # round, so that a machine that slows down or speeds up does not favour one side) and then the
@@ -24,13 +30,14 @@
 # PostgreSQL and the next two for the routers.
 set -euo pipefail
 
-rounds=3 duration=10 concurrency=1,8,64 base_conf='' head_conf=''
-usage() { echo "usage: scripts/bench-compare.sh [-r ROUNDS] [-d SECONDS] [-c 1,8,64] [-B YAML] [-H YAML] BASE [HEAD]" >&2; exit 2; }
-while getopts r:d:c:B:H: opt; do
+rounds=3 duration=10 concurrency=1,8,64 aged=0 base_conf='' head_conf=''
+usage() { echo "usage: scripts/bench-compare.sh [-r ROUNDS] [-d SECONDS] [-c 1,8,64] [-a DAYS] [-B YAML] [-H YAML] BASE [HEAD]" >&2; exit 2; }
+while getopts r:d:c:a:B:H: opt; do
   case $opt in
     r) rounds=$OPTARG ;;
     d) duration=$OPTARG ;;
     c) concurrency=$OPTARG ;;
+    a) aged=$OPTARG ;;
     B) base_conf=$OPTARG ;;
     H) head_conf=$OPTARG ;;
     *) usage ;;
@@ -38,7 +45,7 @@ while getopts r:d:c:B:H: opt; do
 done
 shift $((OPTIND - 1))
 [ $# -ge 1 ] && [ $# -le 2 ] || usage
-[[ $rounds =~ ^[1-9][0-9]*$ && $duration =~ ^[1-9][0-9]*$ && $concurrency =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || usage
+[[ $rounds =~ ^[1-9][0-9]*$ && $duration =~ ^[1-9][0-9]*$ && $aged =~ ^[0-9]+$ && $concurrency =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || usage
 if printf '%s\n%s\n' "$base_conf" "$head_conf" | grep -Eq '^(listen|shardmap):'; then
   echo "bench-compare: -B and -H may not set listen or shardmap (the script's)" >&2
   exit 2
@@ -121,6 +128,30 @@ as_pg "$pg_bin/pg_ctl" -D "$tmp/pg" -l "$tmp/pg/server.log" -w -o "-p $port -c l
 }
 psql() { command psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres "$@"; }
 
+# age NAME: the database NAME as one that has run $aged days (-a).
+age() {
+  psql -d "$1" <<SQL
+DO \$\$
+DECLARE
+    d date;
+    name text;
+BEGIN
+    FOR i IN 1 .. $aged LOOP
+        d := (now() AT TIME ZONE 'UTC')::date - i;
+        name := 'idempotency_record_' || to_char(d, 'YYYY_MM_DD');
+        EXECUTE format('CREATE TABLE %I (LIKE idempotency_record INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', name);
+        EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I UNIQUE (scope, key)', name, name || '_scope_key');
+        EXECUTE format('ALTER TABLE idempotency_record ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                       name, d::timestamp AT TIME ZONE 'UTC', (d + 1)::timestamp AT TIME ZONE 'UTC');
+    END LOOP;
+    IF to_regclass('shardgate_record_floor') IS NOT NULL THEN
+        UPDATE shardgate_record_floor SET unchecked_before = now() - make_interval(days => $aged + 1);
+    END IF;
+END
+\$\$;
+SQL
+}
+
 # prepare NAME PORT [YAML]: a database for the router NAME, its shard map (one shard, the whole
 # keyspace) and router.yaml, migrated by that router; then serve it. YAML is added to
 # router.yaml and replaces the script's auth or shard_pool section when it sets one (listen and
@@ -141,6 +172,7 @@ prepare() {
     cat "$dir/router.yaml" >&2
     exit 1
   }
+  [ "$aged" = 0 ] || age "$1"
   (cd "$dir" && exec "$tmp/$1" serve --config router.yaml >serve.log 2>&1) &
   pid=$!
   routers+=("$pid")

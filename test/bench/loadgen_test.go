@@ -3,7 +3,6 @@ package bench
 import (
 	"bytes"
 	"context"
-	crand "crypto/rand"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -11,6 +10,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // transfer is one POST /transfers request: its Idempotency-Key and body.
@@ -19,11 +20,11 @@ type transfer struct {
 	body []byte
 }
 
-// newTransfer returns a transfer of amount from src to src+1 under a fresh random key (26
-// characters, like a ULID).
+// newTransfer returns a transfer of amount from src to src+1 under a fresh key, a UUIDv7 as the
+// Go client mints them.
 func newTransfer(src, amount int64) transfer {
 	return transfer{
-		key:  crand.Text(),
+		key:  uuid.Must(uuid.NewV7()).String(),
 		body: fmt.Appendf(nil, `{"src": %d, "dst": %d, "amount": %d}`, src, src+1, amount),
 	}
 }

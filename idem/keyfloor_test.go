@@ -1,0 +1,324 @@
+package idem
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/shardgate/shardgate/partition"
+)
+
+// keyAt returns a UUIDv7 key in canonical form whose embedded time is at, to the millisecond.
+func keyAt(at time.Time) string {
+	var u uuid.UUID
+	rand.Read(u[:]) //nolint:errcheck // crypto/rand.Read never fails
+	var ms [8]byte
+	binary.BigEndian.PutUint64(ms[:], uint64(at.UnixMilli()))
+	copy(u[:6], ms[2:])
+	u[6] = 0x70 | u[6]&0x0f
+	u[8] = 0x80 | u[8]&0x3f
+	return u.String()
+}
+
+// keyFloor is shardgate_key_floor(key) on pool; nil for a key without one.
+func keyFloor(t *testing.T, pool *pgxpool.Pool, key string) *time.Time {
+	t.Helper()
+	var f *time.Time
+	if err := pool.QueryRow(context.Background(), "SELECT shardgate_key_floor($1)", key).Scan(&f); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// A key's floor is the time a UUIDv7 in canonical form carries (as google/uuid reads it), and
+// no other key has one.
+func TestKeyFloorIsTheTimeAUUIDv7Carries(t *testing.T) {
+	pool := migratedDB(t, "")
+	at := time.Date(2026, 3, 14, 15, 9, 26, 535_000_000, time.UTC)
+	k := keyAt(at)
+	for _, key := range []string{k, strings.ToUpper(k)} {
+		if f := keyFloor(t, pool, key); f == nil || !f.Equal(at) {
+			t.Errorf("floor of %s: %v, want %v", key, f, at)
+		}
+	}
+	for i := 0; i < 200; i++ {
+		u := uuid.Must(uuid.NewV7())
+		sec, nsec := u.Time().UnixTime()
+		want := time.Unix(sec, nsec).Truncate(time.Millisecond)
+		if f := keyFloor(t, pool, u.String()); f == nil || !f.Equal(want) {
+			t.Fatalf("floor of %s: %v, want %v", u, f, want)
+		}
+	}
+	notV7 := map[string]string{
+		"a UUIDv4":                 uuid.NewString(),
+		"variant bits 11":          k[:19] + "c" + k[20:],
+		"version 6":                k[:14] + "6" + k[15:],
+		"braces":                   "{" + k + "}",
+		"a URN":                    "urn:uuid:" + k,
+		"no dashes":                strings.ReplaceAll(k, "-", ""),
+		"a letter that is not hex": "g" + k[1:],
+		"a word":                   "order-1234",
+	}
+	for what, key := range notV7 {
+		if f := keyFloor(t, pool, key); f != nil {
+			t.Errorf("%s (%s) has floor %v, want none", what, key, f)
+		}
+	}
+}
+
+// The CHECK spells shardgate_key_floor out (calling it would cost every insert a parse): for
+// keys with a floor and without, the CHECK refuses exactly the records dated before the floor.
+func TestKeyFloorAndTheRuleAgree(t *testing.T) {
+	ctx := context.Background()
+	pool := migratedDB(t, "")
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	// The partitioned table's constraints, on a plain table: any date goes in.
+	if _, err := conn.Exec(ctx, "CREATE TEMP TABLE probe (LIKE idempotency_record INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"); err != nil {
+		t.Fatal(err)
+	}
+	k := keyAt(time.Date(2026, 3, 14, 15, 9, 26, 535_000_000, time.UTC))
+	keys := []string{k, strings.ToUpper(k), k[:19] + "c" + k[20:], k[:14] + "6" + k[15:], "{" + k + "}", "g" + k[1:], "order-1234", uuid.NewString()}
+	for i := 0; i < 50; i++ {
+		keys = append(keys, uuid.Must(uuid.NewV7()).String(), keyAt(time.UnixMilli(int64(i)*1_000_000_007)))
+	}
+	insert := func(key string, at time.Time) error {
+		_, err := conn.Exec(ctx, `INSERT INTO probe (key, scope, request_hash, keyspace_id, response, state, created_at)
+			VALUES ($1, 's', 'h', 1, '{}', 'completed', $2)`, key, at)
+		return err
+	}
+	for _, key := range keys {
+		f := keyFloor(t, pool, key)
+		if f == nil {
+			if err := insert(key, time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)); err != nil {
+				t.Errorf("%s has no floor, yet a record dated 2000 is refused: %v", key, err)
+			}
+			continue
+		}
+		var pgErr *pgconn.PgError
+		if err := insert(key, f.Add(-time.Millisecond)); !errors.As(err, &pgErr) || pgErr.ConstraintName != "idempotency_record_not_before_key_floor" {
+			t.Errorf("%s: a record dated a millisecond before its floor %v: %v, want the rule to refuse it", key, *f, err)
+		}
+		if err := insert(key, *f); err != nil {
+			t.Errorf("%s: a record dated at its floor %v is refused: %v", key, *f, err)
+		}
+	}
+}
+
+// The rule is the database's: a record dated before its key's floor is refused whoever writes
+// it, and each transfer function dates a record from a client clock ahead of the shard's at its
+// key's time, and any other at now().
+func TestRecordsAreNeverDatedBeforeTheirKey(t *testing.T) {
+	ctx := context.Background()
+	pool := scratchDB(t)
+	if _, err := EnsurePartitions(ctx, pool, partition.Daily, time.Now(), 2); err != nil {
+		t.Fatal(err)
+	}
+	ahead := time.Now().Add(30 * time.Second).Truncate(time.Millisecond)
+	_, err := pool.Exec(ctx, `INSERT INTO idempotency_record (key, scope, request_hash, keyspace_id, response, state)
+		VALUES ($1, 's', 'h', 1, '{}', 'completed')`, keyAt(ahead))
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.ConstraintName != "idempotency_record_not_before_key_floor" {
+		t.Fatalf("a record dated now for a key 30 s ahead: %v, want the floor's CHECK to refuse it", err)
+	}
+
+	for _, fn := range []string{applyRows, applyBatch} {
+		t.Run(fn, func(t *testing.T) {
+			group := []TransferRequest{
+				testTransfer(keyAt(ahead), 1),
+				testTransfer(keyAt(time.Now().Add(-time.Hour)), 2),
+				testTransfer("opaque-"+fn, 3),
+				testTransfer(keyAt(ahead.Add(time.Millisecond)), 4),
+			}
+			before := time.Now()
+			res, err := transferGroup(ctx, pool, group, groupSQL(fn))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, r := range group {
+				if res[i].Outcome != Applied {
+					t.Fatalf("%s: %s, want applied", r.Key, res[i].Outcome)
+				}
+				var created time.Time
+				if err := pool.QueryRow(ctx, "SELECT created_at FROM idempotency_record WHERE key = $1", r.Key).Scan(&created); err != nil {
+					t.Fatal(err)
+				}
+				if f := keyFloor(t, pool, r.Key); f != nil && f.After(before) {
+					if !created.Equal(*f) {
+						t.Errorf("%s: dated %v, want its key's time %v", r.Key, created, *f)
+					}
+				} else if created.Before(before.Add(-time.Second)) || created.After(time.Now()) {
+					t.Errorf("%s: dated %v, want now (%v)", r.Key, created, before)
+				}
+			}
+			// And each is found again where it was dated.
+			res, err = transferGroup(ctx, pool, group, groupSQL(fn))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, r := range res {
+				if r.Outcome != Replayed {
+					t.Errorf("again %s: %s, want replayed", group[i].Key, r.Outcome)
+				}
+			}
+		})
+	}
+}
+
+// Records written before 0006 were never held to the rule: a shard whose clock ran behind its
+// clients' dated some before their keys. Each such record, in an old partition, still decides its
+// key after the upgrade, through both functions; and once every record on the shard is under the
+// rule (unchecked_before in the past), a lookup reads no partition that ends before its key's
+// floor: a record there that breaks the rule is not found.
+func TestRecordsFromBeforeTheRuleStillDecide(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := releaseDB(t, 5) // up to 0005: the previous release
+	if _, err := EnsurePartitions(ctx, pool, partition.Daily, time.Now().AddDate(0, 0, -5), 7); err != nil {
+		t.Fatal(err)
+	}
+	// Dated three days before its key: in a partition a floor-bounded lookup would skip.
+	early := testTransfer(keyAt(time.Now().Add(-time.Hour)), 10)
+	if res := transferOutcome(t, pool, early, Applied); res.Outcome != Applied {
+		t.Fatal(res.Outcome)
+	}
+	mustExec(t, pool, "UPDATE idempotency_record SET created_at = now() - interval '3 days' WHERE key = $1", early.Key)
+	if _, err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+
+	reused := early
+	reused.RequestHash = "another request"
+	for _, fn := range []string{applyRows, applyBatch} {
+		for _, c := range []struct {
+			r    TransferRequest
+			want Outcome
+		}{{early, Replayed}, {reused, KeyReused}} {
+			res, err := transferGroup(ctx, pool, []TransferRequest{c.r}, groupSQL(fn))
+			if err != nil || res[0].Outcome != c.want {
+				t.Errorf("%s, the record from before the rule, hash %s: %v %v, want %s", fn, c.r.RequestHash, res, err, c.want)
+			}
+		}
+	}
+	if _, records := counts(t, pool, early.Key); records != 1 {
+		t.Fatalf("%d records for the key, want 1", records)
+	}
+
+	// Retention later: every record left was written under the rule. The rule-breaking one
+	// (which no writer can make any more) is now out of every lookup's reach.
+	mustExec(t, pool, "UPDATE shardgate_record_floor SET unchecked_before = now() - interval '40 days'")
+	fresh := testTransfer(keyAt(time.Now().Add(-2*time.Hour)), 20)
+	transferOutcome(t, pool, fresh, Applied)
+	for _, fn := range []string{applyRows, applyBatch} {
+		res, err := transferGroup(ctx, pool, []TransferRequest{fresh}, groupSQL(fn))
+		if err != nil || res[0].Outcome != Replayed {
+			t.Errorf("%s, a record under the rule: %v %v, want replayed", fn, res, err)
+		}
+		res, err = transferGroup(ctx, pool, []TransferRequest{reused}, groupSQL(fn))
+		if err != nil || res[0].Outcome == KeyReused || res[0].Outcome == Replayed {
+			t.Errorf("%s: %v %v; the lookup still reads the partition three days before the key's floor", fn, res, err)
+		}
+	}
+}
+
+// A record moved here from a shard of an earlier release may be dated before its key: it is
+// copied dated at its key's time, so the rule holds here too.
+func TestCopiedRecordsAreDatedNoEarlierThanTheirKey(t *testing.T) {
+	ctx := context.Background()
+	pool := scratchDB(t)
+	if _, err := EnsurePartitions(ctx, pool, partition.Daily, time.Now().AddDate(0, 0, -2), 3); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
+	early, onTime := keyAt(at), keyAt(at)
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "CREATE TEMP TABLE moving_rows ON COMMIT DROP AS SELECT key, scope, request_hash, keyspace_id, response, state, created_at FROM idempotency_record WITH NO DATA"); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO moving_rows VALUES
+			($1, 's', 'h', 1, '{}', 'completed', now() - interval '1 day'),
+			($2, 's', 'h', 1, '{}', 'completed', now())`, early, onTime); err != nil {
+			return err
+		}
+		var inserted, conflicts int64
+		if err := tx.QueryRow(ctx, "SELECT inserted, conflicts FROM shardgate_copy_records()").Scan(&inserted, &conflicts); err != nil {
+			return err
+		}
+		if inserted != 2 || conflicts != 0 {
+			return fmt.Errorf("copied %d with %d conflicts, want 2 and 0", inserted, conflicts)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var earlyAt, onTimeAt time.Time
+	if err := pool.QueryRow(ctx, "SELECT (SELECT created_at FROM idempotency_record WHERE key = $1), (SELECT created_at FROM idempotency_record WHERE key = $2)",
+		early, onTime).Scan(&earlyAt, &onTimeAt); err != nil {
+		t.Fatal(err)
+	}
+	if !earlyAt.Equal(at) {
+		t.Errorf("a record dated a day before its key was copied dated %v, want its key's time %v", earlyAt, at)
+	}
+	if !onTimeAt.After(at) {
+		t.Errorf("a record dated after its key was copied dated %v, want its own date (after %v)", onTimeAt, at)
+	}
+}
+
+// 0006 takes idempotency_record's table lock for its CHECK: behind a transfer that stays open, it
+// gives up after its lock timeout instead of holding every transfer behind it, changes nothing,
+// and applies when run again.
+func TestMigrationGivesUpBehindATransferInFlight(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := releaseDB(t, 5) // up to 0005: the previous release
+	if _, err := EnsurePartitions(ctx, pool, partition.Daily, time.Now(), 1); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	args, err := batchArgs([]TransferRequest{testTransfer("in-flight", 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := tx.Query(ctx, groupSQL(applyRows), args...)
+	if err == nil {
+		rows.Close()
+		err = rows.Err()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = Migrate(ctx, pool)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" || !strings.Contains(err.Error(), "0006") {
+		t.Fatalf("migrating behind an open transfer: %v, want 0006 to fail on its lock timeout (55P03)", err)
+	}
+	if waited := time.Since(start); waited > 20*time.Second {
+		t.Errorf("gave up after %v, want its 10 s lock timeout", waited)
+	}
+	var floors bool
+	if err := pool.QueryRow(ctx, "SELECT to_regclass('shardgate_record_floor') IS NOT NULL").Scan(&floors); err != nil || floors {
+		t.Fatalf("after the failed migration, shardgate_record_floor exists: %v %v; want nothing of 0006", floors, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := Migrate(ctx, pool); err != nil || len(applied) != 1 {
+		t.Fatalf("run again: %v %v, want 0006 applied", applied, err)
+	}
+}
