@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -197,6 +198,15 @@ func TestRecordsFromBeforeTheRuleStillDecide(t *testing.T) {
 	if _, err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
+	// Whatever a clock did, every record written before the rule lies in a partition attached
+	// then: the latest of them ends two days ahead.
+	var unchecked time.Time
+	if err := pool.QueryRow(ctx, "SELECT unchecked_before FROM shardgate_record_floor").Scan(&unchecked); err != nil {
+		t.Fatal(err)
+	}
+	if latest := partition.At(partition.Daily, time.Now().AddDate(0, 0, 2)); !unchecked.Equal(latest.To) {
+		t.Errorf("unchecked_before %v, want the end of the latest partition, %v", unchecked, latest.To)
+	}
 
 	reused := early
 	reused.RequestHash = "another request"
@@ -320,5 +330,38 @@ func TestMigrationGivesUpBehindATransferInFlight(t *testing.T) {
 	}
 	if applied, err := Migrate(ctx, pool); err != nil || len(applied) != 1 {
 		t.Fatalf("run again: %v %v, want 0006 applied", applied, err)
+	}
+}
+
+// A partition detached on the previous release lacks 0006's CHECK, which ATTACH requires: upkeep
+// gives it the CHECK (NOT VALID: its rows predate the rule) and attaches it again, and its keys
+// still decide.
+func TestPartitionDetachedBeforeTheRuleIsAttachedAgain(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := releaseDB(t, 5) // up to 0005: the previous release
+	if _, err := EnsurePartitions(ctx, pool, partition.Daily, time.Now(), 2); err != nil {
+		t.Fatal(err)
+	}
+	r := testTransfer(keyAt(time.Now().Add(-time.Minute)), 30)
+	transferOutcome(t, pool, r, Applied)
+	today := partition.At(partition.Daily, time.Now()).Name
+	mustExec(t, pool, "ALTER TABLE idempotency_record DETACH PARTITION "+today)
+	if _, err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	created, err := EnsurePartitions(ctx, pool, partition.Daily, time.Now(), 2)
+	if err != nil || !slices.Contains(created, today) {
+		t.Fatalf("upkeep after the upgrade: %v %v, want %s attached again", created, err, today)
+	}
+	var valid *bool
+	if err := pool.QueryRow(ctx, `SELECT convalidated FROM pg_constraint WHERE conrelid = $1::regclass AND conname = 'idempotency_record_not_before_key_floor'`,
+		today).Scan(&valid); err != nil || valid == nil || *valid {
+		t.Errorf("%s's copy of the rule: validated %v (%v), want it present and NOT VALID", today, valid, err)
+	}
+	for _, fn := range []string{applyRows, applyBatch} {
+		res, err := transferGroup(ctx, pool, []TransferRequest{r}, groupSQL(fn))
+		if err != nil || res[0].Outcome != Replayed {
+			t.Errorf("%s, a key in the partition attached again: %v %v, want replayed", fn, res, err)
+		}
 	}
 }

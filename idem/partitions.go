@@ -142,8 +142,8 @@ func detachedTable(ctx context.Context, tx pgx.Tx, name string) (uint32, error) 
 }
 
 // reattachPartition attaches the existing table oid as partition p, first giving it the unique
-// (scope, key) index every partition has if it lacks one. ATTACH checks that the table's columns
-// match and that every row lies within p.
+// (scope, key) index every partition has and idempotency_record's CHECKs if it lacks them. ATTACH
+// checks that the table's columns match and that every row lies within p.
 func reattachPartition(ctx context.Context, tx pgx.Tx, p partition.Partition, oid uint32) error {
 	var hasUnique bool
 	if err := tx.QueryRow(ctx, `SELECT EXISTS (
@@ -160,7 +160,28 @@ func reattachPartition(ctx context.Context, tx pgx.Tx, p partition.Partition, oi
 			return err
 		}
 	}
-	_, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE idempotency_record ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')`,
+	// ATTACH wants every CHECK of idempotency_record on the table. One detached before a
+	// migration added a CHECK (0006's, NOT VALID) lacks it: it gets the parent's, as the parent
+	// has it, so a NOT VALID one does not read rows written before it.
+	rows, err := tx.Query(ctx, `SELECT c.conname::text, pg_get_constraintdef(c.oid) FROM pg_constraint c
+		WHERE c.conrelid = 'idempotency_record'::regclass AND c.contype = 'c'
+		  AND NOT EXISTS (SELECT 1 FROM pg_constraint t WHERE t.conrelid = $1 AND t.contype = 'c' AND t.conname = c.conname)`, oid)
+	if err != nil {
+		return err
+	}
+	missing, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (c [2]string, err error) {
+		err = r.Scan(&c[0], &c[1])
+		return c, err
+	})
+	if err != nil {
+		return err
+	}
+	for _, c := range missing {
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ADD CONSTRAINT %s %s`, name, pgx.Identifier{c[0]}.Sanitize(), c[1])); err != nil {
+			return fmt.Errorf("give %s the CHECK %s of idempotency_record: %w", p.Name, c[0], err)
+		}
+	}
+	_, err = tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE idempotency_record ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')`,
 		name, p.From.Format(time.RFC3339), p.To.Format(time.RFC3339)))
 	return err
 }

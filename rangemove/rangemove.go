@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardgate/shardgate/idem"
@@ -365,6 +366,9 @@ func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange,
 	// A record is copied dated no earlier than its key's floor (shardgate_copy_records): one
 	// written before migration 0006 may land later than its date here.
 	if err := src.QueryRow(ctx, "SELECT min(created_at), max(greatest(created_at, shardgate_key_floor(key))) FROM idempotency_record WHERE "+inRange, lo, hi).Scan(&oldest, &newest); err != nil {
+		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42883" {
+			return fmt.Errorf("the source shard has no shardgate_key_floor: migrate every shard (router migrate) before moving ranges: %w", err)
+		}
 		return err
 	}
 	if oldest != nil {

@@ -13,8 +13,8 @@
 --     and every function that writes a record dates it greatest(now(), floor): a client clock a
 --     little ahead of the shard's moves the record's date forward, never the lookup past it;
 --   - records written before this migration were never held to the rule (the CHECK is NOT VALID
---     for them), so shardgate_record_floor.unchecked_before (this migration's time, an hour
---     later for a clock set back) keeps every partition before it in every lookup; those
+--     for them), so shardgate_record_floor.unchecked_before (the end of the latest partition
+--     attached when this migration ran) keeps every partition before it in every lookup; those
 --     partitions leave with retention.
 
 CREATE FUNCTION shardgate_key_floor(key text)
@@ -37,16 +37,23 @@ $fn$;
 -- this migration fails whole (router migrate says so) and can simply be run again.
 SET LOCAL lock_timeout = '10s';
 ALTER TABLE idempotency_record
-    ADD CONSTRAINT idempotency_record_not_before_key_floor CHECK (
-        key !~ '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-7[0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}$'
-        OR created_at >= to_timestamp(('x' || substr(key, 1, 8) || substr(key, 10, 4))::bit(48)::bigint / 1000.0)) NOT VALID;
+    ADD CONSTRAINT idempotency_record_not_before_key_floor CHECK (CASE
+        WHEN key ~ '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-7[0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}$'
+        THEN created_at >= to_timestamp(('x' || substr(key, 1, 8) || substr(key, 10, 4))::bit(48)::bigint / 1000.0)
+        ELSE true END) NOT VALID;
 
--- One row: records dated before unchecked_before may predate their key's floor.
+-- One row: records dated before unchecked_before may predate their key's floor. Every record
+-- already here lies in a partition attached now, so the end of the latest of them bounds their
+-- dates whatever the clocks did (and an hour from now, when there is none yet).
 CREATE TABLE shardgate_record_floor (
     singleton        boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
     unchecked_before timestamptz NOT NULL
 );
-INSERT INTO shardgate_record_floor (unchecked_before) VALUES (now() + interval '1 hour');
+INSERT INTO shardgate_record_floor (unchecked_before)
+SELECT greatest(now() + interval '1 hour',
+                max(substring(pg_get_expr(c.relpartbound, c.oid) FROM $re$ TO \('([^']+)'\)$re$)::timestamptz))
+  FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+ WHERE i.inhparent = 'idempotency_record'::regclass;
 
 CREATE OR REPLACE FUNCTION shardgate_apply_batch(
     p_kinds text[], p_scopes text[], p_keys text[], p_request_hashes text[], p_keyspaces bigint[],
