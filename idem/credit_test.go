@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/shardgate/shardgate/partition"
 )
 
 // Keyspace ids of the tests' accounts: halfShard owns "-80", so here is one of its own and
@@ -249,9 +247,6 @@ func TestBalance(t *testing.T) {
 func TestSweepUpgradeWindowOwesInFlightDebits(t *testing.T) {
 	ctx := context.Background()
 	pool, ms := releaseDB(t, 3) // up to 0003: the previous release
-	if _, err := EnsurePartitions(ctx, pool, partition.Daily, time.Now(), 1); err != nil {
-		t.Fatal(err)
-	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

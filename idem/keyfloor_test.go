@@ -292,9 +292,6 @@ func TestCopiedRecordsAreDatedNoEarlierThanTheirKey(t *testing.T) {
 func TestMigrationGivesUpBehindATransferInFlight(t *testing.T) {
 	ctx := context.Background()
 	pool, _ := releaseDB(t, 5) // up to 0005: the previous release
-	if _, err := EnsurePartitions(ctx, pool, partition.Daily, time.Now(), 1); err != nil {
-		t.Fatal(err)
-	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -339,9 +336,6 @@ func TestMigrationGivesUpBehindATransferInFlight(t *testing.T) {
 func TestPartitionDetachedBeforeTheRuleIsAttachedAgain(t *testing.T) {
 	ctx := context.Background()
 	pool, _ := releaseDB(t, 5) // up to 0005: the previous release
-	if _, err := EnsurePartitions(ctx, pool, partition.Daily, time.Now(), 2); err != nil {
-		t.Fatal(err)
-	}
 	r := testTransfer(keyAt(time.Now().Add(-time.Minute)), 30)
 	transferOutcome(t, pool, r, Applied)
 	today := partition.At(partition.Daily, time.Now()).Name

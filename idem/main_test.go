@@ -4,10 +4,12 @@ import (
 	"context"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardgate/shardgate/internal/pgtest"
+	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/shardmap"
 )
 
@@ -40,8 +42,9 @@ func migratedDB(t testing.TB, suffix string) *pgxpool.Pool {
 }
 
 // releaseDB creates a fresh database migrated by the first n migrations only (a shard of an
-// earlier release, as migrate leaves it), owning the whole keyspace, and returns a pool on it
-// with those migrations: the rest are the upgrade under test.
+// earlier release, as migrate leaves it), owning the whole keyspace, with the partitions for
+// today and two days ahead, and returns a pool on it with the migrations: those after n are the
+// upgrade under test.
 func releaseDB(t *testing.T, n int) (*pgxpool.Pool, []Migration) {
 	t.Helper()
 	pool := pgtest.NewDB(t, "")
@@ -56,6 +59,9 @@ func releaseDB(t *testing.T, n int) (*pgxpool.Pool, []Migration) {
 	}
 	all, _ := shardmap.ParseKeyRange("-")
 	if err := ApplyOwnership(context.Background(), pool, Ownership{Shard: "s", MapVersion: 1, Ranges: []shardmap.KeyRange{all}}, Grant); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := EnsurePartitions(context.Background(), pool, partition.Daily, time.Now(), 2); err != nil {
 		t.Fatal(err)
 	}
 	return pool, ms
