@@ -208,19 +208,9 @@ func TestRecordsFromBeforeTheRuleStillDecide(t *testing.T) {
 		t.Errorf("unchecked_before %v, want the end of the latest partition, %v", unchecked, latest.To)
 	}
 
+	assertDecides(t, pool, early, "the record from before the rule")
 	reused := early
 	reused.RequestHash = "another request"
-	for _, fn := range []string{applyRows, applyBatch} {
-		for _, c := range []struct {
-			r    TransferRequest
-			want Outcome
-		}{{early, Replayed}, {reused, KeyReused}} {
-			res, err := transferGroup(ctx, pool, []TransferRequest{c.r}, groupSQL(fn))
-			if err != nil || res[0].Outcome != c.want {
-				t.Errorf("%s, the record from before the rule, hash %s: %v %v, want %s", fn, c.r.RequestHash, res, err, c.want)
-			}
-		}
-	}
 	if _, records := counts(t, pool, early.Key); records != 1 {
 		t.Fatalf("%d records for the key, want 1", records)
 	}
@@ -356,6 +346,202 @@ func TestPartitionDetachedBeforeTheRuleIsAttachedAgain(t *testing.T) {
 		res, err := transferGroup(ctx, pool, []TransferRequest{r}, groupSQL(fn))
 		if err != nil || res[0].Outcome != Replayed {
 			t.Errorf("%s, a key in the partition attached again: %v %v, want replayed", fn, res, err)
+		}
+	}
+}
+
+// assertDecides checks that r's record decides its key through both group functions: r is
+// replayed, and the same key for another request is refused as reused.
+func assertDecides(t *testing.T, pool *pgxpool.Pool, r TransferRequest, what string) {
+	t.Helper()
+	reused := r
+	reused.RequestHash = "another request"
+	for _, fn := range []string{applyRows, applyBatch} {
+		for _, c := range []struct {
+			r    TransferRequest
+			want Outcome
+		}{{r, Replayed}, {reused, KeyReused}} {
+			res, err := transferGroup(context.Background(), pool, []TransferRequest{c.r}, groupSQL(fn))
+			if err != nil || res[0].Outcome != c.want {
+				t.Errorf("%s, %s, hash %s: %v %v, want %s", what, fn, c.r.RequestHash, res, err, c.want)
+			}
+		}
+	}
+}
+
+// recordFloor returns shardgate_record_floor.unchecked_before.
+func recordFloor(t *testing.T, pool *pgxpool.Pool) time.Time {
+	t.Helper()
+	var u time.Time
+	if err := pool.QueryRow(context.Background(), "SELECT unchecked_before FROM shardgate_record_floor").Scan(&u); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// A shard upgraded to 0006 holds partitions from before the rule, which every lookup reads until
+// upkeep brings them under it, newest first: a record dated before its key's floor (a client
+// clock ran ahead of the shard's) is dated at its floor, into the next partition if the floor
+// lies there; PostgreSQL validates the rule on the partition; unchecked_before falls to its lower
+// bound. Every record then still decides its key through lookups that skip the partitions
+// before its floor, and the next pass has nothing left to do. A partition attached again without
+// the rule is back in every lookup until upkeep has brought it under the rule too.
+func TestUpkeepBringsOldPartitionsUnderTheRule(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := releaseDB(t, 5) // up to 0005: the previous release
+	now := time.Now()
+	day := func(d int) partition.Partition { return partition.At(partition.Daily, now.AddDate(0, 0, d)) }
+	if _, err := EnsurePartitions(ctx, pool, partition.Daily, day(-4).From, 6); err != nil {
+		t.Fatal(err)
+	}
+	records := []struct {
+		what      string
+		key       string
+		dated     time.Time
+		wantDated time.Time // zero: unchanged
+		wantIn    partition.Partition
+	}{
+		{what: "a record in the partition before its key's", key: keyAt(day(-3).From.Add(10 * time.Second)),
+			dated: day(-3).From.Add(-time.Minute), wantDated: day(-3).From.Add(10 * time.Second), wantIn: day(-3)},
+		{what: "a record dated before its key, in its key's partition", key: keyAt(day(-2).From.Add(2 * time.Hour)),
+			dated: day(-2).From.Add(time.Hour), wantDated: day(-2).From.Add(2 * time.Hour), wantIn: day(-2)},
+		{what: "a record dated after its key", key: keyAt(day(-1).From.Add(time.Hour)),
+			dated: day(-1).From.Add(2 * time.Hour), wantIn: day(-1)},
+		{what: "a record whose key has no floor", key: "order-1234",
+			dated: day(-4).From.Add(time.Hour), wantIn: day(-4)},
+	}
+	var reqs []TransferRequest
+	for i, rec := range records {
+		r := testTransfer(rec.key, int64(100+i))
+		transferOutcome(t, pool, r, Applied)
+		mustExec(t, pool, "UPDATE idempotency_record SET created_at = $2 WHERE key = $1", rec.key, rec.dated)
+		reqs = append(reqs, r)
+	}
+	if _, err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if u := recordFloor(t, pool); !u.Equal(day(2).To) {
+		t.Fatalf("unchecked_before after the upgrade: %v, want the end of the latest partition, %v", u, day(2).To)
+	}
+
+	opts := UpkeepOptions{Interval: partition.Daily, Ahead: 2, Retention: 720 * time.Hour}
+	rep, err := Upkeep(ctx, pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var newestFirst []string
+	for d := 2; d >= -4; d-- {
+		newestFirst = append(newestFirst, day(d).Name)
+	}
+	if !slices.Equal(rep.Checked, newestFirst) {
+		t.Errorf("brought under the rule %v, want every partition newest first, %v", rep.Checked, newestFirst)
+	}
+	if u := recordFloor(t, pool); !u.Equal(day(-4).From) || !rep.State.UncheckedBefore.Equal(u) {
+		t.Errorf("unchecked_before %v (reported %v), want the oldest partition's lower bound %v", u, rep.State.UncheckedBefore, day(-4).From)
+	}
+	var unvalidated int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_constraint c JOIN pg_inherits i ON i.inhrelid = c.conrelid
+		WHERE i.inhparent = 'idempotency_record'::regclass AND c.conname = $1 AND NOT c.convalidated`, keyFloorRule).Scan(&unvalidated); err != nil || unvalidated != 0 {
+		t.Errorf("%d partitions with the rule NOT VALID (%v), want none", unvalidated, err)
+	}
+	for i, rec := range records {
+		var dated time.Time
+		if err := pool.QueryRow(ctx, "SELECT created_at FROM idempotency_record WHERE key = $1", rec.key).Scan(&dated); err != nil {
+			t.Fatal(err)
+		}
+		want := rec.wantDated
+		if want.IsZero() {
+			want = rec.dated
+		}
+		if !dated.Equal(want) || partitionOf(t, pool, rec.key) != rec.wantIn.Name {
+			t.Errorf("%s: dated %v in %s, want %v in %s", rec.what, dated, partitionOf(t, pool, rec.key), want, rec.wantIn.Name)
+		}
+		assertDecides(t, pool, reqs[i], rec.what)
+		if ledger, recs := counts(t, pool, rec.key); ledger != 1 || recs != 1 {
+			t.Errorf("%s: %d debits and %d records, want 1 and 1", rec.what, ledger, recs)
+		}
+	}
+	if rep, err := Upkeep(ctx, pool, opts); err != nil || len(rep.Checked) != 0 {
+		t.Errorf("the next pass: brought %v under the rule (%v), want nothing left", rep.Checked, err)
+	}
+
+	// Today's partition detached by hand, its copy of the rule dropped and a record in it dated
+	// before its key: attached again, the rule comes back NOT VALID and today's partition and
+	// every one before it go back into every lookup, until the next pass.
+	late := testTransfer(keyAt(now.Add(-time.Minute)), 200)
+	transferOutcome(t, pool, late, Applied)
+	mustExec(t, pool, "ALTER TABLE idempotency_record DETACH PARTITION "+day(0).Name)
+	mustExec(t, pool, fmt.Sprintf("ALTER TABLE %s DROP CONSTRAINT %s", day(0).Name, keyFloorRule))
+	mustExec(t, pool, fmt.Sprintf("UPDATE %s SET created_at = $2 WHERE key = $1", day(0).Name), late.Key, day(0).From)
+	if names, err := EnsurePartitions(ctx, pool, partition.Daily, now, 2); err != nil || !slices.Equal(names, []string{day(0).Name}) {
+		t.Fatalf("attach again: %v %v, want %s", names, err, day(0).Name)
+	}
+	if u := recordFloor(t, pool); !u.Equal(day(0).To) {
+		t.Errorf("after attaching a partition without the rule, unchecked_before %v, want its end %v", u, day(0).To)
+	}
+	assertDecides(t, pool, late, "a record dated before its key, attached again")
+	rep, err = Upkeep(ctx, pool, opts)
+	if want := []string{day(0).Name, day(-1).Name, day(-2).Name, day(-3).Name, day(-4).Name}; err != nil || !slices.Equal(rep.Checked, want) {
+		t.Errorf("the pass after: brought %v under the rule (%v), want %v", rep.Checked, err, want)
+	}
+	if u := recordFloor(t, pool); !u.Equal(day(-4).From) {
+		t.Errorf("unchecked_before %v, want %v again", u, day(-4).From)
+	}
+	assertDecides(t, pool, late, "a record dated before its key, attached again and brought under the rule")
+}
+
+// Bringing a partition under the rule waits for no transfer and holds none up: a pass runs
+// beside a transfer whose transaction is still open, and a transfer runs while the partition's
+// validation holds its lock.
+func TestBringingUnderTheRuleLeavesTransfersAlone(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := releaseDB(t, 5)
+	yesterday := partition.At(partition.Daily, time.Now().AddDate(0, 0, -1))
+	if _, err := EnsurePartitions(ctx, pool, partition.Daily, yesterday.From, 3); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	open, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Rollback(ctx) //nolint:errcheck // committed below
+	args, err := batchArgs([]TransferRequest{testTransfer(keyAt(time.Now()), 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open.Exec(ctx, groupSQL(applyRows), args...); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Upkeep(ctx, pool, UpkeepOptions{Interval: partition.Daily, Ahead: 2, Retention: 720 * time.Hour, LockTimeout: 2 * time.Second})
+	if err != nil || !slices.Contains(rep.Checked, yesterday.Name) {
+		t.Fatalf("upkeep beside an open transfer: brought %v under the rule (%v), want %s among them", rep.Checked, err, yesterday.Name)
+	}
+	if err := open.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The catch-up's locks: ROW EXCLUSIVE on the table, SHARE UPDATE EXCLUSIVE on the partition
+	// (ALTER TABLE takes it before it finds the rule valid already).
+	validating, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer validating.Rollback(ctx) //nolint:errcheck // only its locks matter
+	if _, err := validating.Exec(ctx, "UPDATE idempotency_record SET created_at = created_at WHERE false"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := validating.Exec(ctx, fmt.Sprintf("ALTER TABLE %s VALIDATE CONSTRAINT %s", yesterday.Name, keyFloorRule)); err != nil {
+		t.Fatal(err)
+	}
+	tctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	for _, fn := range []string{applyRows, applyBatch} {
+		r := testTransfer(keyAt(time.Now()), 2)
+		if res, err := transferGroup(tctx, pool, []TransferRequest{r}, groupSQL(fn)); err != nil || res[0].Outcome != Applied {
+			t.Errorf("%s while a partition is being validated: %v %v, want applied at once", fn, res, err)
 		}
 	}
 }

@@ -143,7 +143,9 @@ func detachedTable(ctx context.Context, tx pgx.Tx, name string) (uint32, error) 
 
 // reattachPartition attaches the existing table oid as partition p, first giving it the unique
 // (scope, key) index every partition has and idempotency_record's CHECKs if it lacks them. ATTACH
-// checks that the table's columns match and that every row lies within p.
+// checks that the table's columns match and that every row lies within p. A table whose copy of
+// the key-floor rule is NOT VALID stays in every lookup (keepUnchecked) until upkeep brings it
+// under the rule.
 func reattachPartition(ctx context.Context, tx pgx.Tx, p partition.Partition, oid uint32) error {
 	var hasUnique bool
 	if err := tx.QueryRow(ctx, `SELECT EXISTS (
@@ -181,7 +183,9 @@ func reattachPartition(ctx context.Context, tx pgx.Tx, p partition.Partition, oi
 			return fmt.Errorf("give %s the CHECK %s of idempotency_record: %w", p.Name, c[0], err)
 		}
 	}
-	_, err = tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE idempotency_record ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')`,
-		name, p.From.Format(time.RFC3339), p.To.Format(time.RFC3339)))
-	return err
+	if _, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE idempotency_record ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')`,
+		name, p.From.Format(time.RFC3339), p.To.Format(time.RFC3339))); err != nil {
+		return err
+	}
+	return keepUnchecked(ctx, tx, oid, p.To)
 }

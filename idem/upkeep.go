@@ -41,6 +41,9 @@ type UpkeepReport struct {
 	Created    []string  // partitions created
 	Reattached []string  // tables bearing a needed partition's name, attached again
 	Dropped    []string  // partitions detached and dropped: their whole range was older than retention
+	// Checked are the partitions taken out of the lookups of keys of any time, newest first: each
+	// is now wholly under the key-floor rule of migration 0006 (bringUnderRule).
+	Checked []string
 	// State is what the shard holds after a successful pass; zero otherwise.
 	State PartitionState
 }
@@ -51,6 +54,10 @@ type PartitionState struct {
 	Partitions []partition.Partition // attached, oldest first; partitions whose bounds are not one finite range are left out
 	Rows       int64                 // estimated, from pg_class.reltuples of the partitions
 	Bytes      int64                 // pg_total_relation_size summed over the partitions
+	// UncheckedBefore is shardgate_record_floor.unchecked_before: every lookup reads the
+	// partitions that begin before it, whatever its key's time. Zero before migration 0006, when
+	// every lookup reads every partition.
+	UncheckedBefore time.Time
 }
 
 // dropMarker is the comment Upkeep puts on an expired partition before it detaches it. A table
@@ -72,6 +79,9 @@ const dropMarker = "shardgate upkeep: expired idempotency partition, detached to
 //     if expired, or finalized first and attached again in step 1 if it holds Now or a later
 //     time; a detached table whose DROP was interrupted is dropped. Any other pending detach
 //     is an error, left for an operator: its keys are no longer checked.
+//  4. On a shard upgraded to migration 0006, it brings the partitions from before the key-floor
+//     rule under it, newest first, for up to ruleCatchUpBudget (bringUnderRule), so that
+//     lookups stop reading them whatever their key's time.
 //
 // A missing partition for the current time is never papered over: there is no DEFAULT
 // partition (one would silently hold rows and later block ATTACH), so until upkeep creates the
@@ -228,7 +238,10 @@ func (u *upkeeper) run(ctx context.Context) error {
 			return err
 		}
 	}
-	return u.dropLeftovers(ctx)
+	if err := u.dropLeftovers(ctx); err != nil {
+		return err
+	}
+	return u.bringUnderRule(ctx)
 }
 
 // drop marks expired partition p, detaches it (or, when pending, finishes its detach) and drops
@@ -358,5 +371,6 @@ func readPartitionState(ctx context.Context, conn *pgx.Conn) (PartitionState, er
 	if err != nil {
 		return st, fmt.Errorf("read idempotency_record size: %w", err)
 	}
-	return st, nil
+	st.UncheckedBefore, _, err = readUncheckedBefore(ctx, conn)
+	return st, err
 }

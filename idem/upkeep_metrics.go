@@ -49,6 +49,9 @@ var (
 	upkeepBytes = prometheus.NewDesc("shardgate_idempotency_bytes",
 		"Size of the shard's idempotency_record partitions with their indexes and TOAST (pg_total_relation_size) at the last successful upkeep.",
 		[]string{"shard"}, nil)
+	upkeepUnchecked = prometheus.NewDesc("shardgate_idempotency_unchecked_partitions",
+		"idempotency_record partitions that every key lookup on the shard reads, whatever the key's time (they begin before shardgate_record_floor.unchecked_before), at the last successful upkeep: after the upgrade to migration 0006, upkeep brings them under the key-floor rule and this falls to 0.",
+		[]string{"shard"}, nil)
 	upkeepRetention = prometheus.NewDesc("shardgate_idempotency_retention_seconds",
 		"Configured key retention (idempotency.retention).", nil, nil)
 	upkeepInterval = prometheus.NewDesc("shardgate_idempotency_partition_interval_seconds",
@@ -99,7 +102,7 @@ func (c *UpkeepCollector) Retain(shards []string) {
 
 // Describe implements prometheus.Collector.
 func (c *UpkeepCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{upkeepOldestAge, upkeepFuture, upkeepLastSuccess, upkeepRows, upkeepBytes, upkeepRetention, upkeepInterval} {
+	for _, d := range []*prometheus.Desc{upkeepOldestAge, upkeepFuture, upkeepLastSuccess, upkeepRows, upkeepBytes, upkeepUnchecked, upkeepRetention, upkeepInterval} {
 		ch <- d
 	}
 }
@@ -131,6 +134,13 @@ func (c *UpkeepCollector) Collect(ch chan<- prometheus.Metric) {
 			oldest := s.state.Partitions[0].From
 			ch <- prometheus.MustNewConstMetric(upkeepOldestAge, prometheus.GaugeValue, now.Sub(oldest).Seconds(), shard)
 		}
+		unchecked := 0
+		for _, p := range s.state.Partitions {
+			if s.state.UncheckedBefore.IsZero() || p.From.Before(s.state.UncheckedBefore) {
+				unchecked++
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(upkeepUnchecked, prometheus.GaugeValue, float64(unchecked), shard)
 		ch <- prometheus.MustNewConstMetric(upkeepRows, prometheus.GaugeValue, float64(s.state.Rows), shard)
 		ch <- prometheus.MustNewConstMetric(upkeepBytes, prometheus.GaugeValue, float64(s.state.Bytes), shard)
 	}

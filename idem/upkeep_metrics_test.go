@@ -41,7 +41,8 @@ func TestUpkeepCollector(t *testing.T) {
 	now := time.Date(2026, 3, 15, 12, 0, 0, 0, time.UTC)
 	c := NewUpkeepCollector(partition.Daily, month)
 	c.now = func() time.Time { return now }
-	state := PartitionState{ReadAt: now, Rows: 1200, Bytes: 65536}
+	// Every lookup still reads the partitions beginning before today: the old one and today's.
+	state := PartitionState{ReadAt: now, Rows: 1200, Bytes: 65536, UncheckedBefore: now}
 	for _, at := range []time.Time{now.Add(-31 * 24 * time.Hour), now, now.Add(24 * time.Hour), now.Add(48 * time.Hour)} {
 		state.Partitions = append(state.Partitions, partition.At(partition.Daily, at))
 	}
@@ -58,6 +59,7 @@ func TestUpkeepCollector(t *testing.T) {
 		"shardgate_idempotency_oldest_partition_age_seconds": {"shard-a": (31*24 + 13) * 3600},
 		"shardgate_idempotency_rows":                         {"shard-a": 1200},
 		"shardgate_idempotency_bytes":                        {"shard-a": 65536},
+		"shardgate_idempotency_unchecked_partitions":         {"shard-a": 2},
 		"shardgate_idempotency_retention_seconds":            {"": month.Seconds()},
 		"shardgate_idempotency_partition_interval_seconds":   {"": 86400},
 	}
@@ -73,6 +75,13 @@ func TestUpkeepCollector(t *testing.T) {
 	}
 	if len(got) != len(want) {
 		t.Errorf("%d metric families, want %d", len(got), len(want))
+	}
+
+	// Before migration 0006 every lookup reads every partition.
+	state.UncheckedBefore = time.Time{}
+	c.Record("shard-a", UpkeepReport{State: state}, nil)
+	if got := gather(t, c)["shardgate_idempotency_unchecked_partitions"]["shard-a"]; got != 4 {
+		t.Errorf("unchecked partitions before migration 0006: %v, want all 4", got)
 	}
 
 	c.Retain([]string{"shard-a"})

@@ -147,7 +147,7 @@ func describeUpkeep(rep idem.UpkeepReport, err error) string {
 	for _, did := range []struct {
 		verb  string
 		names []string
-	}{{"created", rep.Created}, {"attached again", rep.Reattached}, {"dropped", rep.Dropped}} {
+	}{{"created", rep.Created}, {"attached again", rep.Reattached}, {"dropped", rep.Dropped}, {"put under the key-floor rule (looked up by key time from now on)", rep.Checked}} {
 		if len(did.names) > 0 {
 			parts = append(parts, did.verb+" "+strings.Join(did.names, ", "))
 		}

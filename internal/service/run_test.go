@@ -79,7 +79,11 @@ func TestUpkeepLogLevels(t *testing.T) {
 	fmt.Fprintf(w, "shard a: %s\n", describeUpkeep(idem.UpkeepReport{}, errors.New("lock timeout")))
 	fmt.Fprintf(w, "shard b: %s\n", describeUpkeep(idem.UpkeepReport{}, nil))
 	fmt.Fprintf(w, "shard c: %s\n", describeUpkeep(idem.UpkeepReport{Created: []string{"idempotency_record_2026_12_06"}}, nil))
+	fmt.Fprintf(w, "shard d: %s\n", describeUpkeep(idem.UpkeepReport{Checked: []string{"idempotency_record_2026_12_04", "idempotency_record_2026_12_03"}}, nil))
 	out := buf.String()
+	if !strings.Contains(out, `level=INFO msg="partition upkeep" report="shard d: put under the key-floor rule (looked up by key time from now on) idempotency_record_2026_12_04, idempotency_record_2026_12_03"`) {
+		t.Errorf("partitions brought under the key-floor rule are not logged:\n%s", out)
+	}
 	if !strings.Contains(out, `level=ERROR msg="partition upkeep failed" report="shard a: partition upkeep failed: lock timeout"`) {
 		t.Errorf("failure not logged as an error:\n%s", out)
 	}
