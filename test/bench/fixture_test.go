@@ -61,6 +61,9 @@ type fixture struct {
 	vars     map[string]string // transfer_new.sql's -D values but n
 	created  []transfer        // by the routers, for their replays
 	runs     int               // of transfer_new.sql so far
+	// connecting is, per concurrency, how long pgbench's clients may take to connect: half as
+	// long again as the slowest seen (pgbenchRun.connecting), a guess before the first run.
+	connecting map[int]time.Duration
 
 	pgVersion, durability string
 	maxConns              int // PostgreSQL's max_connections
@@ -70,7 +73,10 @@ type fixture struct {
 // setup starts a durable PostgreSQL, migrates it as a shard owning the whole keyspace, creates
 // the anchor's tables, serves the floor, and checks that the floor answers as the router does.
 func setup(ctx context.Context, b *testing.B, s settings, pgbenchBin string) *fixture {
-	f := &fixture{dir: b.TempDir(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	f := &fixture{dir: b.TempDir(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), connecting: map[int]time.Duration{}}
+	for _, c := range s.concurrency {
+		f.connecting[c] = time.Duration(c) * 10 * time.Millisecond // about what each took here, c=256 up to 2.5 s
+	}
 	if testing.Verbose() {
 		f.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}

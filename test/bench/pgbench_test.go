@@ -47,11 +47,25 @@ type pgbench struct {
 
 // pgbenchRun is one run of a script.
 type pgbenchRun struct {
-	script     string // file name in testdata
-	clients    int
-	duration   time.Duration     // whole seconds
+	script   string // file name in testdata
+	clients  int
+	duration time.Duration // whole seconds
+	// connecting is how long its clients are expected to take to connect. pgbench's clock (-T)
+	// starts before they connect, and its tps leaves the connecting out, so -T is lengthened by
+	// this, rounded up to whole seconds, to measure about duration of transfers: at c=256 on two
+	// cores the connections alone can take longer than a whole short phase.
+	connecting time.Duration
 	vars       map[string]string // -D name=value
 	searchPath string            // the connections' search_path; empty for the server's default
+}
+
+// extraSeconds is how many seconds -T adds for connecting: none for up to a tenth of a second,
+// which the run may lose (pgbench's tps is a rate over what is left), else r.connecting rounded up.
+func (r pgbenchRun) extraSeconds() int {
+	if r.connecting <= 100*time.Millisecond {
+		return 0
+	}
+	return int((r.connecting + time.Second - 1) / time.Second)
 }
 
 // pgbenchReport is what pgbench printed about a run.
@@ -60,6 +74,7 @@ type pgbenchReport struct {
 	failed    int64         // "number of failed transactions" (PostgreSQL 15+; 0 when absent)
 	tps       float64       // excluding the time spent connecting
 	latency   time.Duration // "latency average"
+	connect   time.Duration // "initial connection time" (PostgreSQL 14+; 0 when absent)
 }
 
 // run runs pgbench to completion and returns its report. It uses a thread per core (at most
@@ -74,7 +89,7 @@ func (p pgbench) run(ctx context.Context, r pgbenchRun) (pgbenchReport, error) {
 		"-n",             // no vacuum of pgbench's own tables: we have none
 		"-M", "prepared", // like pgx's statement cache: parse once per connection, then Bind/Execute
 		"-c", strconv.Itoa(r.clients), "-j", strconv.Itoa(min(r.clients, runtime.NumCPU())),
-		"-T", strconv.Itoa(int(r.duration / time.Second)),
+		"-T", strconv.Itoa(int(r.duration/time.Second) + r.extraSeconds()),
 		"-f", script,
 		"-h", p.host, "-p", strconv.Itoa(p.port), "-U", p.user,
 	}
@@ -120,6 +135,7 @@ var (
 	// PostgreSQL 14+ prints "without initial connection time"; 13 and older print "excluding
 	// connections establishing".
 	pgbenchLatency = regexp.MustCompile(`(?m)^latency average = ([0-9.]+) ms`)
+	pgbenchConnect = regexp.MustCompile(`(?m)^initial connection time = ([0-9.]+) ms`)
 	pgbenchTPS     = regexp.MustCompile(`(?m)^tps = ([0-9.]+) \((?:without initial connection time|excluding connections establishing)\)`)
 )
 
@@ -137,6 +153,10 @@ func parsePgbench(out string) (pgbenchReport, error) {
 	if m := pgbenchLatency.FindStringSubmatch(out); m != nil {
 		ms, _ := strconv.ParseFloat(m[1], 64) // [0-9.]+ parses unless malformed, and then 0 is "unknown"
 		rep.latency = time.Duration(ms * float64(time.Millisecond))
+	}
+	if m := pgbenchConnect.FindStringSubmatch(out); m != nil {
+		ms, _ := strconv.ParseFloat(m[1], 64) // as the latency
+		rep.connect = time.Duration(ms * float64(time.Millisecond))
 	}
 	m = pgbenchTPS.FindStringSubmatch(out)
 	if m == nil && rep.processed == 0 && rep.failed == 0 {
@@ -190,7 +210,7 @@ tps = 7.700000 (excluding connections establishing)
 		want    pgbenchReport
 		wantErr string
 	}{
-		{"pg15", pg15, pgbenchReport{processed: 12345, failed: 2, tps: 1234.56789, latency: 6480 * time.Microsecond}, ""},
+		{"pg15", pg15, pgbenchReport{processed: 12345, failed: 2, tps: 1234.56789, latency: 6480 * time.Microsecond, connect: 14020 * time.Microsecond}, ""},
 		{"pg13", pg13, pgbenchReport{processed: 77, tps: 7.7, latency: 6480 * time.Microsecond}, ""},
 		{"no count", "tps = 1.0 (without initial connection time)\n", pgbenchReport{}, "actually processed"},
 		{"no tps", "number of transactions actually processed: 3\n", pgbenchReport{processed: 3}, "tps = N"},

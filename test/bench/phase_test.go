@@ -110,12 +110,24 @@ func (f *fixture) runLoad(ctx context.Context, srv *server, c int, d time.Durati
 
 // runPgbench runs pgbench and converts its report.
 func (f *fixture) runPgbench(ctx context.Context, r pgbenchRun) (measurement, error) {
-	rep, err := f.pgbench.run(ctx, r)
-	if err != nil {
-		return measurement{}, err
-	}
-	if rep.processed == 0 {
-		return measurement{elapsed: r.duration}, nil // none in the whole run: 0 tps, not an error
+	var rep pgbenchReport
+	for attempt := 1; ; attempt++ {
+		r.connecting = f.connecting[r.clients]
+		var err error
+		if rep, err = f.pgbench.run(ctx, r); err != nil {
+			return measurement{}, err
+		}
+		// Later runs at this concurrency allow half as long again as the slowest so far.
+		f.connecting[r.clients] = max(f.connecting[r.clients], rep.connect*3/2)
+		if rep.processed > 0 {
+			break
+		}
+		// Its clients connected too late to run anything, so it wrote nothing: once more, with
+		// time for connecting.
+		if attempt == 2 || f.connecting[r.clients] == r.connecting {
+			return measurement{}, fmt.Errorf("pgbench completed no transaction in %d s: its %d clients took %v to connect (%v allowed)",
+				int(r.duration/time.Second)+r.extraSeconds(), r.clients, rep.connect, r.connecting)
+		}
 	}
 	if rep.tps <= 0 {
 		return measurement{}, fmt.Errorf("pgbench reports %g tps", rep.tps)
