@@ -62,10 +62,12 @@ bench-smoke: deps
 ## working tree) side by side under wrk, with the anchor CTE between them, three rounds at
 ## concurrency 1, 8 and 64 (about 6 minutes; scripts/bench-compare.sh takes -r, -d and -c).
 ## BASE_CONF and HEAD_CONF add router.yaml settings to a side, e.g. HEAD_CONF='group_commit: {in_flight: 2}';
-## AGED=29 starts both databases as ones that have run 29 days (the partitions of the default retention)
+## AGED=29 starts both databases as ones that have run 29 days (the partitions of the default retention).
+## The recipe reads them from its environment (make exports variables given on its command line),
+## so that YAML with quotes in it reaches the script as written.
 bench-compare:
 	@[ -n "$(BASE)" ] || { echo "usage: make bench-compare BASE=<git revision> [HEAD=<git revision>] [BASE_CONF=<yaml>] [HEAD_CONF=<yaml>] [AGED=<days>]" >&2; exit 2; }
-	./scripts/bench-compare.sh -a '$(or $(AGED),0)' -B '$(BASE_CONF)' -H '$(HEAD_CONF)' $(BASE) $(HEAD)
+	./scripts/bench-compare.sh -a "$${AGED:-0}" -B "$$BASE_CONF" -H "$$HEAD_CONF" "$$BASE" $${HEAD:+"$$HEAD"}
 
 ## bench-compare-smoke: the script, one short round of HEAD against the working tree on aged
 ## databases, so that it keeps working (its row checks included)
