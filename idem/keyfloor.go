@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,8 +16,18 @@ import (
 const keyFloorRule = "idempotency_record_not_before_key_floor"
 
 // ruleCatchUpBudget is how long one upkeep pass goes on bringing old partitions under the
-// key-floor rule: it finishes the partition it is on, and the next pass goes on from there.
-const ruleCatchUpBudget = time.Minute
+// key-floor rule: it finishes the partition it is on, and the next pass goes on from there. Short,
+// because the pass holds the shard's upkeep lock meanwhile, which a range move's copy waits for.
+const ruleCatchUpBudget = 10 * time.Second
+
+// redateBatch is how many records one short transaction dates at their keys' floors.
+const redateBatch = 1000
+
+// ruleHeldMarker is the comment upkeep puts on a partition it cannot bring under the key-floor
+// rule because a record's floor lies in no partition, so that later passes do not read it again
+// for nothing. The partition stays in every lookup until retention drops it. It is quoted into
+// COMMENT ON as it is: no quote in it.
+const ruleHeldMarker = "shardgate upkeep: holds a record whose key floor lies in no partition; kept in every key lookup"
 
 // readUncheckedBefore returns shardgate_record_floor.unchecked_before: records dated before it
 // may predate their key's floor, so every lookup reads the partitions that begin before it. ok is
@@ -40,26 +51,38 @@ func readUncheckedBefore(ctx context.Context, q interface {
 
 // bringUnderRule lowers unchecked_before past the partitions that begin before it, newest first,
 // so that a shard upgraded to migration 0006 prunes its lookups within a few passes instead of
-// once retention has dropped every partition it had then. For each partition whose copy of the
-// rule is NOT VALID (it held records before the rule existed, or was attached again without the
-// rule), in one transaction:
+// once retention has dropped every partition it had then. A partition already under the rule
+// (created since 0006, or validated) only moves the bound. One whose copy of the rule is NOT
+// VALID (it held records before the rule existed, or was attached again without the rule):
 //
-//   - every record in it dated before its key's floor (written before 0006, by a client whose
-//     clock ran ahead of the shard's) is dated at its floor instead, as 0006's writers date new
-//     ones: a moment later, which at most moves it into the next partition and keeps it that much
-//     longer;
-//   - ALTER TABLE ... VALIDATE CONSTRAINT has PostgreSQL check the rule over the whole partition;
-//   - unchecked_before becomes the partition's lower bound.
+//  1. its records dated before their key's floor (written before 0006, by a client whose clock
+//     ran ahead of the shard's) are found by reading it, and dated at their floor, as 0006's
+//     writers date new ones: later, so kept that much longer, and moved to the partition that
+//     holds the floor. They are dated in short transactions of redateBatch records, each under
+//     the ownership lock taken shared, as a transfer takes it, and only if it is free at once:
+//     a range move's settle (which takes it exclusively, then deletes records) never meets their
+//     row locks, and a pass that finds one under way leaves the rest to the next;
+//  2. ALTER TABLE ... VALIDATE CONSTRAINT has PostgreSQL check the rule over the partition, and
+//     unchecked_before becomes its lower bound, in one transaction: a lookup that reads the
+//     lowered bound reads every record as dated under the rule.
 //
-// All three commit together, so a lookup that reads the lowered bound also sees the records as
-// dated now. A partition already under the rule (created since 0006) only moves the bound. The
-// locks are ROW EXCLUSIVE and, on the one partition, SHARE UPDATE EXCLUSIVE: transfers go on. It
-// stops at a partition detached half-way or without finite bounds, and after ruleCatchUpBudget.
-func (u *upkeeper) bringUnderRule(ctx context.Context) error {
+// Transfers go on meanwhile: the locks are ROW EXCLUSIVE on idempotency_record, SHARE UPDATE
+// EXCLUSIVE on the one partition, and the re-dated records' rows for a moment. It stops at a
+// partition detached half-way or without finite bounds, and after ruleCatchUpBudget. Why it
+// stopped early otherwise (a record whose floor lies in no partition, a range move, an error) is
+// UpkeepReport.RuleHeld, not a failure of the pass: until the rule covers them, lookups read these
+// partitions as they did before 0006.
+func (u *upkeeper) bringUnderRule(ctx context.Context) {
 	unchecked, ok, err := readUncheckedBefore(ctx, u.conn)
-	if err != nil || !ok {
-		return err
+	if err == nil && ok {
+		err = u.catchUp(ctx, unchecked)
 	}
+	if err != nil {
+		u.rep.RuleHeld = err.Error()
+	}
+}
+
+func (u *upkeeper) catchUp(ctx context.Context, unchecked time.Time) error {
 	parts, err := listPartitions(ctx, u.conn)
 	if err != nil {
 		return err
@@ -73,8 +96,10 @@ func (u *upkeeper) bringUnderRule(ctx context.Context) error {
 		if !p.bounded || p.pending || time.Since(start) > ruleCatchUpBudget {
 			return nil
 		}
-		if err := pgx.BeginFunc(ctx, u.conn, func(tx pgx.Tx) error { return underRule(ctx, tx, p) }); err != nil {
-			return fmt.Errorf("bring partition %s under the key-floor rule (%s): %w", p.Name, keyFloorRule, err)
+		if err := u.underRule(ctx, p, parts); errors.Is(err, errMarkedHeld) {
+			return nil // said when it was marked; shardgate_idempotency_unchecked_partitions counts it
+		} else if err != nil {
+			return fmt.Errorf("partition %s is not yet under the key-floor rule (%s), so every key lookup still reads it and those before it: %w", p.Name, keyFloorRule, err)
 		}
 		unchecked = p.From
 		u.rep.Checked = append(u.rep.Checked, p.Name)
@@ -82,27 +107,101 @@ func (u *upkeeper) bringUnderRule(ctx context.Context) error {
 	return nil
 }
 
-// underRule dates p's rule-breaking records at their keys' floors, validates p's copy of the
-// rule, and takes p out of unchecked_before, in tx.
-func underRule(ctx context.Context, tx pgx.Tx, p catalogPartition) error {
+// underRule brings partition p under the rule and takes it out of unchecked_before; parts are
+// the partitions of idempotency_record.
+func (u *upkeeper) underRule(ctx context.Context, p catalogPartition, parts []catalogPartition) error {
 	table := pgx.Identifier{p.schema, p.Name}.Sanitize()
-	var valid bool
-	if err := tx.QueryRow(ctx, "SELECT convalidated FROM pg_constraint WHERE conrelid = $1::regclass AND conname = $2",
-		table, keyFloorRule).Scan(&valid); err != nil {
-		return fmt.Errorf("read the partition's copy of the rule: %w", err)
+	var (
+		valid   bool
+		comment *string
+	)
+	if err := u.conn.QueryRow(ctx, `SELECT c.convalidated, obj_description(c.conrelid, 'pg_class') FROM pg_constraint c
+		WHERE c.conrelid = $1::regclass AND c.conname = $2`, table, keyFloorRule).Scan(&valid, &comment); err != nil {
+		return fmt.Errorf("read its copy of the rule: %w", err)
 	}
 	if !valid {
-		// Through the parent, so that a record whose floor lies in the next partition moves there.
-		if _, err := tx.Exec(ctx, `UPDATE idempotency_record SET created_at = shardgate_key_floor(key)
-			WHERE created_at >= $1 AND created_at < $2 AND created_at < shardgate_key_floor(key)`, p.From, p.To); err != nil {
-			return fmt.Errorf("date its records at their keys' floors: %w", err)
+		if comment != nil && *comment == ruleHeldMarker {
+			return errMarkedHeld
 		}
-		if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s VALIDATE CONSTRAINT %s", table, pgx.Identifier{keyFloorRule}.Sanitize())); err != nil {
+		if err := u.redate(ctx, p, parts); err != nil {
 			return err
 		}
 	}
-	_, err := tx.Exec(ctx, "UPDATE shardgate_record_floor SET unchecked_before = $1 WHERE unchecked_before > $1", p.From)
-	return err
+	return pgx.BeginFunc(ctx, u.conn, func(tx pgx.Tx) error {
+		if !valid {
+			if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s VALIDATE CONSTRAINT %s", table, pgx.Identifier{keyFloorRule}.Sanitize())); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Exec(ctx, "UPDATE shardgate_record_floor SET unchecked_before = $1 WHERE unchecked_before > $1", p.From)
+		return err
+	})
+}
+
+// redate dates p's records that predate their key's floor at the floor (step 1 of
+// bringUnderRule).
+func (u *upkeeper) redate(ctx context.Context, p catalogPartition, parts []catalogPartition) error {
+	table := pgx.Identifier{p.schema, p.Name}.Sanitize()
+	rows, err := u.conn.Query(ctx, fmt.Sprintf("SELECT scope, key, shardgate_key_floor(key) FROM %s WHERE created_at < shardgate_key_floor(key)", table))
+	if err != nil {
+		return fmt.Errorf("find its records dated before their key's floor: %w", err)
+	}
+	var (
+		scopes, keys []string
+		scope, key   string
+		floor        time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&scope, &key, &floor}, func() error {
+		if !slices.ContainsFunc(parts, func(q catalogPartition) bool {
+			return q.bounded && !q.pending && !floor.Before(q.From) && floor.Before(q.To)
+		}) {
+			return errNoFloorPartition{floor}
+		}
+		scopes, keys = append(scopes, scope), append(keys, key)
+		return nil
+	})
+	if nf, ok := errors.AsType[errNoFloorPartition](err); ok {
+		if _, cerr := u.conn.Exec(ctx, fmt.Sprintf("COMMENT ON TABLE %s IS '%s'", table, ruleHeldMarker)); cerr != nil {
+			return errors.Join(err, cerr)
+		}
+		return fmt.Errorf("%w; upkeep marked the table so as not to read it again for nothing, and it leaves with retention", nf)
+	}
+	if err != nil {
+		return fmt.Errorf("find its records dated before their key's floor: %w", err)
+	}
+	for len(keys) > 0 {
+		n := min(len(keys), redateBatch)
+		err := pgx.BeginFunc(ctx, u.conn, func(tx pgx.Tx) error {
+			var free bool
+			if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock_shared($1, $2)", LockClass, LockOwnership).Scan(&free); err != nil {
+				return err
+			}
+			if !free {
+				return errors.New("a range move holds (or waits for) the shard's ownership lock; the next pass goes on")
+			}
+			_, err := tx.Exec(ctx, `UPDATE idempotency_record r SET created_at = shardgate_key_floor(r.key)
+				FROM unnest($1::text[], $2::text[]) AS m(scope, key)
+				WHERE r.scope = m.scope AND r.key = m.key AND r.created_at >= $3 AND r.created_at < $4
+				  AND r.created_at < shardgate_key_floor(r.key)`, scopes[:n], keys[:n], p.From, p.To)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("date its records at their keys' floors: %w", err)
+		}
+		scopes, keys = scopes[n:], keys[n:]
+	}
+	return nil
+}
+
+// errMarkedHeld: the partition bears ruleHeldMarker.
+var errMarkedHeld = errors.New("marked as holding a record whose key's floor lies in no partition")
+
+// errNoFloorPartition: a record's key's floor lies in no attached partition, so the record
+// cannot be dated at it.
+type errNoFloorPartition struct{ floor time.Time }
+
+func (e errNoFloorPartition) Error() string {
+	return fmt.Sprintf("a record in it is dated before its key's floor, %s, which lies in no partition", e.floor.UTC().Format(time.RFC3339Nano))
 }
 
 // keepUnchecked keeps the table oid, attached in tx as a partition ending at to, in every lookup

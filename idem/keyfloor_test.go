@@ -490,9 +490,9 @@ func TestUpkeepBringsOldPartitionsUnderTheRule(t *testing.T) {
 	assertDecides(t, pool, late, "a record dated before its key, attached again and brought under the rule")
 }
 
-// Bringing a partition under the rule waits for no transfer and holds none up: a pass runs
-// beside a transfer whose transaction is still open, and a transfer runs while the partition's
-// validation holds its lock.
+// Bringing a partition under the rule waits for no transfer and holds none up: a transfer runs
+// while a partition's validation holds its lock, and a pass runs beside a transfer whose
+// transaction is still open.
 func TestBringingUnderTheRuleLeavesTransfersAlone(t *testing.T) {
 	ctx := context.Background()
 	pool, _ := releaseDB(t, 5)
@@ -503,33 +503,13 @@ func TestBringingUnderTheRuleLeavesTransfersAlone(t *testing.T) {
 	if _, err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	open, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer open.Rollback(ctx) //nolint:errcheck // committed below
-	args, err := batchArgs([]TransferRequest{testTransfer(keyAt(time.Now()), 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := open.Exec(ctx, groupSQL(applyRows), args...); err != nil {
-		t.Fatal(err)
-	}
-	rep, err := Upkeep(ctx, pool, UpkeepOptions{Interval: partition.Daily, Ahead: 2, Retention: 720 * time.Hour, LockTimeout: 2 * time.Second})
-	if err != nil || !slices.Contains(rep.Checked, yesterday.Name) {
-		t.Fatalf("upkeep beside an open transfer: brought %v under the rule (%v), want %s among them", rep.Checked, err, yesterday.Name)
-	}
-	if err := open.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
 
-	// The catch-up's locks: ROW EXCLUSIVE on the table, SHARE UPDATE EXCLUSIVE on the partition
-	// (ALTER TABLE takes it before it finds the rule valid already).
+	// The catch-up's locks while PostgreSQL validates the (NOT VALID) rule on a partition: ROW
+	// EXCLUSIVE on the table, SHARE UPDATE EXCLUSIVE on the partition.
 	validating, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer validating.Rollback(ctx) //nolint:errcheck // only its locks matter
 	if _, err := validating.Exec(ctx, "UPDATE idempotency_record SET created_at = created_at WHERE false"); err != nil {
 		t.Fatal(err)
 	}
@@ -544,4 +524,109 @@ func TestBringingUnderTheRuleLeavesTransfersAlone(t *testing.T) {
 			t.Errorf("%s while a partition is being validated: %v %v, want applied at once", fn, res, err)
 		}
 	}
+	if err := validating.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	open, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Rollback(ctx) //nolint:errcheck // committed below
+	args, err := batchArgs([]TransferRequest{testTransfer(keyAt(time.Now()), 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open.Exec(ctx, groupSQL(applyRows), args...); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Upkeep(ctx, pool, UpkeepOptions{Interval: partition.Daily, Ahead: 2, Retention: 720 * time.Hour, LockTimeout: 2 * time.Second})
+	if err != nil || rep.RuleHeld != "" || !slices.Contains(rep.Checked, yesterday.Name) {
+		t.Fatalf("upkeep beside an open transfer: brought %v under the rule (%v; held back: %q), want %s among them", rep.Checked, err, rep.RuleHeld, yesterday.Name)
+	}
+	if err := open.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A record whose key's floor lies in no partition (a key far ahead of the shard's clock, from
+// before the router refused those) cannot be dated at its floor: upkeep brings the partitions
+// after it under the rule, says why it stopped, marks the table so that later passes do not read
+// it again, and keeps it and those before it in every lookup, where the record still decides.
+// The pass itself succeeds.
+func TestRuleHeldBackByAFloorInNoPartition(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := releaseDB(t, 5)
+	day := func(d int) partition.Partition { return partition.At(partition.Daily, time.Now().AddDate(0, 0, d)) }
+	if _, err := EnsurePartitions(ctx, pool, partition.Daily, day(-2).From, 4); err != nil {
+		t.Fatal(err)
+	}
+	ahead := testTransfer(keyAt(day(5).From.Add(time.Hour)), 7)
+	transferOutcome(t, pool, ahead, Applied)
+	mustExec(t, pool, "UPDATE idempotency_record SET created_at = $2 WHERE key = $1", ahead.Key, day(-1).From.Add(time.Hour))
+	if _, err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	opts := UpkeepOptions{Interval: partition.Daily, Ahead: 2, Retention: 720 * time.Hour}
+	rep, err := Upkeep(ctx, pool, opts)
+	if want := []string{day(2).Name, day(1).Name, day(0).Name}; err != nil || !slices.Equal(rep.Checked, want) {
+		t.Fatalf("brought %v under the rule (%v), want %v", rep.Checked, err, want)
+	}
+	if !strings.Contains(rep.RuleHeld, day(-1).Name) || !strings.Contains(rep.RuleHeld, "lies in no partition") {
+		t.Errorf("held back: %q, want it to name %s and say the floor lies in no partition", rep.RuleHeld, day(-1).Name)
+	}
+	if u := recordFloor(t, pool); !u.Equal(day(0).From) {
+		t.Errorf("unchecked_before %v, want %v: the partition with the record and those before it stay in every lookup", u, day(0).From)
+	}
+	var comment *string
+	if err := pool.QueryRow(ctx, "SELECT obj_description($1::regclass, 'pg_class')", day(-1).Name).Scan(&comment); err != nil || comment == nil || *comment != ruleHeldMarker {
+		t.Errorf("%s's comment: %v (%v), want the marker", day(-1).Name, comment, err)
+	}
+	assertDecides(t, pool, ahead, "a record whose floor lies in no partition")
+	if rep, err := Upkeep(ctx, pool, opts); err != nil || len(rep.Checked) != 0 || rep.RuleHeld != "" {
+		t.Errorf("the next pass: brought %v under the rule, held back %q (%v); want nothing, quietly", rep.Checked, rep.RuleHeld, err)
+	}
+}
+
+// A range move settles under the ownership lock, taken exclusively, and then deletes the moved
+// records: the catch-up dates records only while that lock is free, taking it shared as a
+// transfer does, so a settle never waits on the rows it moves; it steps aside at once, says so,
+// and the next pass goes on.
+func TestCatchUpStepsAsideForARangeMove(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := releaseDB(t, 5)
+	day := func(d int) partition.Partition { return partition.At(partition.Daily, time.Now().AddDate(0, 0, d)) }
+	if _, err := EnsurePartitions(ctx, pool, partition.Daily, day(-1).From, 3); err != nil {
+		t.Fatal(err)
+	}
+	early := testTransfer(keyAt(day(0).From.Add(time.Second)), 8)
+	transferOutcome(t, pool, early, Applied)
+	mustExec(t, pool, "UPDATE idempotency_record SET created_at = $2 WHERE key = $1", early.Key, day(0).From.Add(-time.Second))
+	if _, err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	settle, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer settle.Rollback(ctx) //nolint:errcheck // rolled back below
+	if _, err := settle.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", LockClass, LockOwnership); err != nil {
+		t.Fatal(err)
+	}
+	opts := UpkeepOptions{Interval: partition.Daily, Ahead: 2, Retention: 720 * time.Hour, LockTimeout: 2 * time.Second}
+	rep, err := Upkeep(ctx, pool, opts)
+	if err != nil || slices.Contains(rep.Checked, day(-1).Name) || !strings.Contains(rep.RuleHeld, "range move") {
+		t.Fatalf("during a settle: brought %v under the rule, held back %q (%v); want %s left, for a range move", rep.Checked, rep.RuleHeld, err, day(-1).Name)
+	}
+	if err := settle.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = Upkeep(ctx, pool, opts)
+	if err != nil || !slices.Equal(rep.Checked, []string{day(-1).Name}) || rep.RuleHeld != "" {
+		t.Fatalf("after the settle: brought %v under the rule, held back %q (%v); want %s", rep.Checked, rep.RuleHeld, err, day(-1).Name)
+	}
+	if got := partitionOf(t, pool, early.Key); got != day(0).Name {
+		t.Errorf("the record dated before its key is in %s, want its floor's partition %s", got, day(0).Name)
+	}
+	assertDecides(t, pool, early, "a record dated at its floor in the next partition")
 }

@@ -90,6 +90,9 @@ func Upkeep(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(
 			stats.Record(s.Name, rep, err)
 		}
 		fmt.Fprintf(out, "shard %s: %s\n", s.Name, describeUpkeep(rep, err))
+		if rep.RuleHeld != "" {
+			fmt.Fprintf(out, "shard %s: %s: %s\n", s.Name, ruleHeld, rep.RuleHeld)
+		}
 		if err == nil {
 			err = sweepUpgrade(ctx, pool(s.Name), s.Name, out)
 		}
@@ -139,6 +142,7 @@ func clearSettled(ctx context.Context, pool *pgxpool.Pool, keep time.Duration, s
 const (
 	upkeepFailed  = "partition upkeep failed"
 	upkeepNothing = "partitions ready, none created or dropped"
+	ruleHeld      = "key-floor rule held back"
 )
 
 // describeUpkeep is one shard's line of upkeep's report.
@@ -175,7 +179,8 @@ func ApplyMap(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.W
 	return applyMap(ctx, cfg, m, topo.Pool, out)
 }
 
-// logWriter turns upkeep's per-shard report lines into log records: a failure is an error.
+// logWriter turns upkeep's per-shard report lines into log records: a failure is an error, a
+// key-floor catch-up held back a warning.
 type logWriter struct{ log *slog.Logger }
 
 func (w logWriter) Write(p []byte) (int, error) {
@@ -183,6 +188,8 @@ func (w logWriter) Write(p []byte) (int, error) {
 	switch {
 	case strings.Contains(line, upkeepFailed):
 		w.log.Error("partition upkeep failed", "report", line)
+	case strings.Contains(line, ruleHeld):
+		w.log.Warn("partition upkeep", "report", line)
 	case strings.HasSuffix(line, upkeepNothing):
 		// The hourly pass that changes nothing, and the pass at start right after `migrate`
 		// (which printed its own report), are not news.

@@ -80,7 +80,11 @@ func TestUpkeepLogLevels(t *testing.T) {
 	fmt.Fprintf(w, "shard b: %s\n", describeUpkeep(idem.UpkeepReport{}, nil))
 	fmt.Fprintf(w, "shard c: %s\n", describeUpkeep(idem.UpkeepReport{Created: []string{"idempotency_record_2026_12_06"}}, nil))
 	fmt.Fprintf(w, "shard d: %s\n", describeUpkeep(idem.UpkeepReport{Checked: []string{"idempotency_record_2026_12_04", "idempotency_record_2026_12_03"}}, nil))
+	fmt.Fprintf(w, "shard e: %s: %s\n", ruleHeld, "partition idempotency_record_2026_12_01 is not yet under the key-floor rule")
 	out := buf.String()
+	if !strings.Contains(out, `level=WARN msg="partition upkeep" report="shard e: key-floor rule held back: partition idempotency_record_2026_12_01`) {
+		t.Errorf("a catch-up held back is not a warning:\n%s", out)
+	}
 	if !strings.Contains(out, `level=INFO msg="partition upkeep" report="shard d: put under the key-floor rule (looked up by key time from now on) idempotency_record_2026_12_04, idempotency_record_2026_12_03"`) {
 		t.Errorf("partitions brought under the key-floor rule are not logged:\n%s", out)
 	}
