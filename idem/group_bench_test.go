@@ -20,24 +20,30 @@ import (
 // costs less per item than shardgate_apply_rows. Keys are UUIDv7, as the Go client makes them,
 // or opaque strings (keys=opaque: no floor, every partition is read); partitions=4 is a fresh
 // shard's (today and three ahead), partitions=34 one that has run a while at the default
-// retention (30 days of daily partitions).
+// retention (30 days of daily partitions). unchecked counts the partitions every lookup reads
+// whatever its key's time: 0 on a shard whose records are all under 0006's key-floor rule, all of
+// them on one just upgraded to 0006, until upkeep has brought its old partitions under the rule.
 //
 //	go test ./idem -run '^$' -bench GroupFunctions -benchtime 2000x -count 3
 func BenchmarkGroupFunctions(b *testing.B) {
-	for _, days := range []int{0, 30} {
+	for _, c := range []struct{ days, unchecked int }{{0, 0}, {30, 0}, {30, 34}} {
 		ctx := context.Background()
-		pool := migratedDB(b, fmt.Sprintf("days%d", days))
+		pool := migratedDB(b, fmt.Sprintf("days%d_%d", c.days, c.unchecked))
 		all, _ := shardmap.ParseKeyRange("-")
 		if err := ApplyOwnership(ctx, pool, Ownership{Shard: "bench", MapVersion: 1, Ranges: []shardmap.KeyRange{all}}, Grant); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := EnsurePartitions(ctx, pool, partition.Daily, time.Now().AddDate(0, 0, -days), days+3); err != nil {
+		if _, err := EnsurePartitions(ctx, pool, partition.Daily, time.Now().AddDate(0, 0, -c.days), c.days+3); err != nil {
 			b.Fatal(err)
 		}
-		// As on a shard migrated longer ago than retention: every record it holds was written
-		// under 0006's rule.
-		mustExec(b, pool, "UPDATE shardgate_record_floor SET unchecked_before = now() - make_interval(days => $1 + 1)", days)
-		b.Run(fmt.Sprintf("partitions=%d", days+4), func(b *testing.B) { benchGroupFunctions(b, pool) })
+		if c.unchecked == 0 {
+			// As on a shard migrated longer ago than retention, or brought under the rule by upkeep.
+			mustExec(b, pool, "UPDATE shardgate_record_floor SET unchecked_before = now() - make_interval(days => $1 + 1)", c.days)
+		} else {
+			// As 0006 leaves a shard it upgrades: the end of its latest partition.
+			mustExec(b, pool, "UPDATE shardgate_record_floor SET unchecked_before = $1", partition.At(partition.Daily, time.Now().AddDate(0, 0, 3)).To)
+		}
+		b.Run(fmt.Sprintf("partitions=%d/unchecked=%d", c.days+4, c.unchecked), func(b *testing.B) { benchGroupFunctions(b, pool) })
 	}
 }
 
