@@ -315,8 +315,8 @@ func TestMigrationGivesUpBehindATransferInFlight(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if applied, err := Migrate(ctx, pool); err != nil || len(applied) != 1 {
-		t.Fatalf("run again: %v %v, want 0006 applied", applied, err)
+	if applied, err := Migrate(ctx, pool); err != nil || len(applied) != 2 {
+		t.Fatalf("run again: %v %v, want 0006 and 0007 applied", applied, err)
 	}
 }
 
@@ -379,13 +379,22 @@ func recordFloor(t *testing.T, pool *pgxpool.Pool) time.Time {
 	return u
 }
 
+// earlyBy returns shardgate_record_floor.early_by, to the microsecond.
+func earlyBy(t *testing.T, pool *pgxpool.Pool) time.Duration {
+	t.Helper()
+	var us int64
+	if err := pool.QueryRow(context.Background(), "SELECT (extract(epoch FROM early_by) * 1000000)::bigint FROM shardgate_record_floor").Scan(&us); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(us) * time.Microsecond
+}
+
 // A shard upgraded to 0006 holds partitions from before the rule, which every lookup reads until
-// upkeep brings them under it, newest first: a record dated before its key's floor (a client
-// clock ran ahead of the shard's) is dated at its floor, into the next partition if the floor
-// lies there; PostgreSQL validates the rule on the partition; unchecked_before falls to its lower
-// bound. Every record then still decides its key through lookups that skip the partitions
-// before its floor, and the next pass has nothing left to do. A partition attached again without
-// the rule is back in every lookup until upkeep has brought it under the rule too.
+// upkeep brings them under it, newest first: it reads how early each dates its records (a client
+// clock ran ahead of the shard's), widens early_by to that and lowers unchecked_before past it.
+// No record is rewritten, and every one still decides its key through lookups that skip the
+// partitions before its floor less early_by. The next pass has nothing left to do. A partition
+// attached again without the rule is back in every lookup until upkeep has read it too.
 func TestUpkeepBringsOldPartitionsUnderTheRule(t *testing.T) {
 	ctx := context.Background()
 	pool, _ := releaseDB(t, 5) // up to 0005: the previous release
@@ -395,20 +404,14 @@ func TestUpkeepBringsOldPartitionsUnderTheRule(t *testing.T) {
 		t.Fatal(err)
 	}
 	records := []struct {
-		what      string
-		key       string
-		dated     time.Time
-		wantDated time.Time // zero: unchanged
-		wantIn    partition.Partition
+		what  string
+		key   string
+		dated time.Time
 	}{
-		{what: "a record in the partition before its key's", key: keyAt(day(-3).From.Add(10 * time.Second)),
-			dated: day(-3).From.Add(-time.Minute), wantDated: day(-3).From.Add(10 * time.Second), wantIn: day(-3)},
-		{what: "a record dated before its key, in its key's partition", key: keyAt(day(-2).From.Add(2 * time.Hour)),
-			dated: day(-2).From.Add(time.Hour), wantDated: day(-2).From.Add(2 * time.Hour), wantIn: day(-2)},
-		{what: "a record dated after its key", key: keyAt(day(-1).From.Add(time.Hour)),
-			dated: day(-1).From.Add(2 * time.Hour), wantIn: day(-1)},
-		{what: "a record whose key has no floor", key: "order-1234",
-			dated: day(-4).From.Add(time.Hour), wantIn: day(-4)},
+		{"a record in the partition before its key's, 70 s early", keyAt(day(-3).From.Add(10 * time.Second)), day(-3).From.Add(-time.Minute)},
+		{"a record an hour before its key, in its key's partition", keyAt(day(-2).From.Add(2 * time.Hour)), day(-2).From.Add(time.Hour)},
+		{"a record dated after its key", keyAt(day(-1).From.Add(time.Hour)), day(-1).From.Add(2 * time.Hour)},
+		{"a record whose key has no floor", "order-1234", day(-4).From.Add(time.Hour)},
 	}
 	var reqs []TransferRequest
 	for i, rec := range records {
@@ -426,8 +429,8 @@ func TestUpkeepBringsOldPartitionsUnderTheRule(t *testing.T) {
 
 	opts := UpkeepOptions{Interval: partition.Daily, Ahead: 2, Retention: 720 * time.Hour}
 	rep, err := Upkeep(ctx, pool, opts)
-	if err != nil {
-		t.Fatal(err)
+	if err != nil || rep.RuleHeld != "" {
+		t.Fatal(err, rep.RuleHeld)
 	}
 	var newestFirst []string
 	for d := 2; d >= -4; d-- {
@@ -439,22 +442,16 @@ func TestUpkeepBringsOldPartitionsUnderTheRule(t *testing.T) {
 	if u := recordFloor(t, pool); !u.Equal(day(-4).From) || !rep.State.UncheckedBefore.Equal(u) {
 		t.Errorf("unchecked_before %v (reported %v), want the oldest partition's lower bound %v", u, rep.State.UncheckedBefore, day(-4).From)
 	}
-	var unvalidated int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_constraint c JOIN pg_inherits i ON i.inhrelid = c.conrelid
-		WHERE i.inhparent = 'idempotency_record'::regclass AND c.conname = $1 AND NOT c.convalidated`, keyFloorRule).Scan(&unvalidated); err != nil || unvalidated != 0 {
-		t.Errorf("%d partitions with the rule NOT VALID (%v), want none", unvalidated, err)
+	if e := earlyBy(t, pool); e != time.Hour {
+		t.Errorf("early_by %v, want the earliest-dated record's hour", e)
 	}
 	for i, rec := range records {
 		var dated time.Time
 		if err := pool.QueryRow(ctx, "SELECT created_at FROM idempotency_record WHERE key = $1", rec.key).Scan(&dated); err != nil {
 			t.Fatal(err)
 		}
-		want := rec.wantDated
-		if want.IsZero() {
-			want = rec.dated
-		}
-		if !dated.Equal(want) || partitionOf(t, pool, rec.key) != rec.wantIn.Name {
-			t.Errorf("%s: dated %v in %s, want %v in %s", rec.what, dated, partitionOf(t, pool, rec.key), want, rec.wantIn.Name)
+		if !dated.Equal(rec.dated) {
+			t.Errorf("%s: dated %v, want %v as it was", rec.what, dated, rec.dated)
 		}
 		assertDecides(t, pool, reqs[i], rec.what)
 		if ledger, recs := counts(t, pool, rec.key); ledger != 1 || recs != 1 {
@@ -487,12 +484,15 @@ func TestUpkeepBringsOldPartitionsUnderTheRule(t *testing.T) {
 	if u := recordFloor(t, pool); !u.Equal(day(-4).From) {
 		t.Errorf("unchecked_before %v, want %v again", u, day(-4).From)
 	}
-	assertDecides(t, pool, late, "a record dated before its key, attached again and brought under the rule")
+	if e, want := earlyBy(t, pool), max(time.Hour, keyFloor(t, pool, late.Key).Sub(day(0).From)); e != want {
+		t.Errorf("early_by %v, want %v", e, want)
+	}
+	assertDecides(t, pool, late, "a record dated before its key, attached again and read")
 }
 
-// Bringing a partition under the rule waits for no transfer and holds none up: a transfer runs
-// while a partition's validation holds its lock, and a pass runs beside a transfer whose
-// transaction is still open.
+// Bringing partitions under the rule only reads them: a pass runs beside a transfer whose
+// transaction is still open, and beside a range move's settle, which holds the ownership lock
+// exclusively.
 func TestBringingUnderTheRuleLeavesTransfersAlone(t *testing.T) {
 	ctx := context.Background()
 	pool, _ := releaseDB(t, 5)
@@ -500,34 +500,12 @@ func TestBringingUnderTheRuleLeavesTransfersAlone(t *testing.T) {
 	if _, err := EnsurePartitions(ctx, pool, partition.Daily, yesterday.From, 3); err != nil {
 		t.Fatal(err)
 	}
+	early := testTransfer(keyAt(time.Now().Add(-time.Hour)), 3)
+	transferOutcome(t, pool, early, Applied)
+	mustExec(t, pool, "UPDATE idempotency_record SET created_at = $2 WHERE key = $1", early.Key, yesterday.From)
 	if _, err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-
-	// The catch-up's locks while PostgreSQL validates the (NOT VALID) rule on a partition: ROW
-	// EXCLUSIVE on the table, SHARE UPDATE EXCLUSIVE on the partition.
-	validating, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := validating.Exec(ctx, "UPDATE idempotency_record SET created_at = created_at WHERE false"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := validating.Exec(ctx, fmt.Sprintf("ALTER TABLE %s VALIDATE CONSTRAINT %s", yesterday.Name, keyFloorRule)); err != nil {
-		t.Fatal(err)
-	}
-	tctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	for _, fn := range []string{applyRows, applyBatch} {
-		r := testTransfer(keyAt(time.Now()), 2)
-		if res, err := transferGroup(tctx, pool, []TransferRequest{r}, groupSQL(fn)); err != nil || res[0].Outcome != Applied {
-			t.Errorf("%s while a partition is being validated: %v %v, want applied at once", fn, res, err)
-		}
-	}
-	if err := validating.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-
 	open, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -540,21 +518,42 @@ func TestBringingUnderTheRuleLeavesTransfersAlone(t *testing.T) {
 	if _, err := open.Exec(ctx, groupSQL(applyRows), args...); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Upkeep(ctx, pool, UpkeepOptions{Interval: partition.Daily, Ahead: 2, Retention: 720 * time.Hour, LockTimeout: 2 * time.Second})
+	opts := UpkeepOptions{Interval: partition.Daily, Ahead: 2, Retention: 720 * time.Hour, LockTimeout: 2 * time.Second}
+	rep, err := Upkeep(ctx, pool, opts)
 	if err != nil || rep.RuleHeld != "" || !slices.Contains(rep.Checked, yesterday.Name) {
 		t.Fatalf("upkeep beside an open transfer: brought %v under the rule (%v; held back: %q), want %s among them", rep.Checked, err, rep.RuleHeld, yesterday.Name)
 	}
 	if err := open.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
+
+	// Once more, as if just upgraded, while a settle holds the ownership lock.
+	mustExec(t, pool, "UPDATE shardgate_record_floor SET unchecked_before = 'infinity', early_by = '0'")
+	settle, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer settle.Rollback(ctx) //nolint:errcheck // only its lock matters
+	if _, err := settle.Exec(ctx, "SET LOCAL lock_timeout = '2s'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := settle.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", LockClass, LockOwnership); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = Upkeep(ctx, pool, opts)
+	if err != nil || rep.RuleHeld != "" || !slices.Contains(rep.Checked, yesterday.Name) {
+		t.Fatalf("upkeep beside a settle: brought %v under the rule (%v; held back: %q), want %s among them", rep.Checked, err, rep.RuleHeld, yesterday.Name)
+	}
+	if err := settle.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	assertDecides(t, pool, early, "a record dated the day before its key")
 }
 
-// A record whose key's floor lies in no partition (a key far ahead of the shard's clock, from
-// before the router refused those) cannot be dated at its floor: upkeep brings the partitions
-// after it under the rule, says why it stopped, marks the table so that later passes do not read
-// it again, and keeps it and those before it in every lookup, where the record still decides.
-// The pass itself succeeds.
-func TestRuleHeldBackByAFloorInNoPartition(t *testing.T) {
+// A record dated days before its key (a clock far off, before the router refused such keys)
+// widens every lookup by as much, and still decides: the shard gives up pruning where the
+// records say it must, and nothing else.
+func TestARecordFarBeforeItsKeyWidensEveryLookup(t *testing.T) {
 	ctx := context.Background()
 	pool, _ := releaseDB(t, 5)
 	day := func(d int) partition.Partition { return partition.At(partition.Daily, time.Now().AddDate(0, 0, d)) }
@@ -567,66 +566,12 @@ func TestRuleHeldBackByAFloorInNoPartition(t *testing.T) {
 	if _, err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	opts := UpkeepOptions{Interval: partition.Daily, Ahead: 2, Retention: 720 * time.Hour}
-	rep, err := Upkeep(ctx, pool, opts)
-	if want := []string{day(2).Name, day(1).Name, day(0).Name}; err != nil || !slices.Equal(rep.Checked, want) {
-		t.Fatalf("brought %v under the rule (%v), want %v", rep.Checked, err, want)
+	rep, err := Upkeep(ctx, pool, UpkeepOptions{Interval: partition.Daily, Ahead: 2, Retention: 720 * time.Hour})
+	if want := []string{day(2).Name, day(1).Name, day(0).Name, day(-1).Name, day(-2).Name}; err != nil || rep.RuleHeld != "" || !slices.Equal(rep.Checked, want) {
+		t.Fatalf("brought %v under the rule (%v; held back %q), want %v", rep.Checked, err, rep.RuleHeld, want)
 	}
-	if !strings.Contains(rep.RuleHeld, day(-1).Name) || !strings.Contains(rep.RuleHeld, "lies in no partition") {
-		t.Errorf("held back: %q, want it to name %s and say the floor lies in no partition", rep.RuleHeld, day(-1).Name)
+	if e, want := earlyBy(t, pool), day(5).From.Sub(day(-1).From); e != want {
+		t.Errorf("early_by %v, want %v", e, want)
 	}
-	if u := recordFloor(t, pool); !u.Equal(day(0).From) {
-		t.Errorf("unchecked_before %v, want %v: the partition with the record and those before it stay in every lookup", u, day(0).From)
-	}
-	var comment *string
-	if err := pool.QueryRow(ctx, "SELECT obj_description($1::regclass, 'pg_class')", day(-1).Name).Scan(&comment); err != nil || comment == nil || *comment != ruleHeldMarker {
-		t.Errorf("%s's comment: %v (%v), want the marker", day(-1).Name, comment, err)
-	}
-	assertDecides(t, pool, ahead, "a record whose floor lies in no partition")
-	if rep, err := Upkeep(ctx, pool, opts); err != nil || len(rep.Checked) != 0 || rep.RuleHeld != "" {
-		t.Errorf("the next pass: brought %v under the rule, held back %q (%v); want nothing, quietly", rep.Checked, rep.RuleHeld, err)
-	}
-}
-
-// A range move settles under the ownership lock, taken exclusively, and then deletes the moved
-// records: the catch-up dates records only while that lock is free, taking it shared as a
-// transfer does, so a settle never waits on the rows it moves; it steps aside at once, says so,
-// and the next pass goes on.
-func TestCatchUpStepsAsideForARangeMove(t *testing.T) {
-	ctx := context.Background()
-	pool, _ := releaseDB(t, 5)
-	day := func(d int) partition.Partition { return partition.At(partition.Daily, time.Now().AddDate(0, 0, d)) }
-	if _, err := EnsurePartitions(ctx, pool, partition.Daily, day(-1).From, 3); err != nil {
-		t.Fatal(err)
-	}
-	early := testTransfer(keyAt(day(0).From.Add(time.Second)), 8)
-	transferOutcome(t, pool, early, Applied)
-	mustExec(t, pool, "UPDATE idempotency_record SET created_at = $2 WHERE key = $1", early.Key, day(0).From.Add(-time.Second))
-	if _, err := Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	settle, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer settle.Rollback(ctx) //nolint:errcheck // rolled back below
-	if _, err := settle.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", LockClass, LockOwnership); err != nil {
-		t.Fatal(err)
-	}
-	opts := UpkeepOptions{Interval: partition.Daily, Ahead: 2, Retention: 720 * time.Hour, LockTimeout: 2 * time.Second}
-	rep, err := Upkeep(ctx, pool, opts)
-	if err != nil || slices.Contains(rep.Checked, day(-1).Name) || !strings.Contains(rep.RuleHeld, "range move") {
-		t.Fatalf("during a settle: brought %v under the rule, held back %q (%v); want %s left, for a range move", rep.Checked, rep.RuleHeld, err, day(-1).Name)
-	}
-	if err := settle.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	rep, err = Upkeep(ctx, pool, opts)
-	if err != nil || !slices.Equal(rep.Checked, []string{day(-1).Name}) || rep.RuleHeld != "" {
-		t.Fatalf("after the settle: brought %v under the rule, held back %q (%v); want %s", rep.Checked, rep.RuleHeld, err, day(-1).Name)
-	}
-	if got := partitionOf(t, pool, early.Key); got != day(0).Name {
-		t.Errorf("the record dated before its key is in %s, want its floor's partition %s", got, day(0).Name)
-	}
-	assertDecides(t, pool, early, "a record dated at its floor in the next partition")
+	assertDecides(t, pool, ahead, "a record six days before its key")
 }

@@ -45,8 +45,8 @@ type UpkeepReport struct {
 	// is now wholly under the key-floor rule of migration 0006 (bringUnderRule).
 	Checked []string
 	// RuleHeld, when set, says why the pass stopped bringing partitions under the key-floor rule
-	// before it had them all (a record whose floor lies in no partition, a range move, an error).
-	// It is no failure of the pass: lookups still read those partitions, as before 0006.
+	// before it had them all (an error). It is no failure of the pass: lookups still read those
+	// partitions, as before 0006, and the next pass tries again.
 	RuleHeld string
 	// State is what the shard holds after a successful pass; zero otherwise.
 	State PartitionState
