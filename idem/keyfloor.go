@@ -23,8 +23,9 @@ const ruleCatchUpBudget = 10 * time.Second
 var farFuture = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
 
 // readUncheckedBefore returns shardgate_record_floor.unchecked_before: records dated before it
-// may predate their key's floor, so every lookup reads the partitions that begin before it. ok is
-// false on a shard without migration 0006, where every lookup reads every partition.
+// may predate their key's floor by any time (any other by at most early_by, migration 0007), so
+// every lookup reads the partitions that begin before it. ok is false on a shard without
+// migration 0006, where every lookup reads every partition.
 func readUncheckedBefore(ctx context.Context, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }) (at time.Time, ok bool, err error) {
@@ -50,7 +51,7 @@ func readUncheckedBefore(ctx context.Context, q interface {
 // once retention has dropped every partition it had then (migration 0007). A partition whose copy
 // of the rule is NOT VALID (it held records before the rule existed, or was attached again without
 // it) is read once for how long before its key's floor its earliest-dated record is dated (a
-// client clock ran ahead of the shard's); then, in one transaction, early_by becomes at least
+// client clock ran ahead of the shard's); then, in one statement, early_by becomes at least
 // that, and unchecked_before the partition's lower bound, so that a lookup reading the lowered
 // bound reads the widened early_by with it, and finds every record where it is. A partition under
 // the rule (created since 0006) only moves the bound. Nothing is rewritten, and only the read
