@@ -19,6 +19,12 @@ const keyFloorRule = "idempotency_record_not_before_key_floor"
 // because the pass holds the shard's upkeep lock meanwhile, which a range move's copy waits for.
 const ruleCatchUpBudget = 10 * time.Second
 
+// maxEarlyBy is the most one partition may widen early_by by. early_by widens every lookup and
+// is never lowered, so a partition whose records are dated earlier still before their keys (a
+// clock far off) is left in every lookup instead, with those before it, until retention drops
+// it. Clocks kept by NTP differ by milliseconds.
+const maxEarlyBy = time.Hour
+
 // farFuture stands for unchecked_before = 'infinity'.
 var farFuture = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
 
@@ -54,7 +60,8 @@ func readUncheckedBefore(ctx context.Context, q interface {
 // client clock ran ahead of the shard's); then, in one statement, early_by becomes at least
 // that, and unchecked_before the partition's lower bound, so that a lookup reading the lowered
 // bound reads the widened early_by with it, and finds every record where it is. A partition under
-// the rule (created since 0006) only moves the bound. Nothing is rewritten, and only the read
+// the rule (created since 0006) only moves the bound; one whose records are dated more than
+// maxEarlyBy early stops the walk. Nothing is rewritten, and only the read
 // takes a lock (ACCESS SHARE on the one partition), so transfers and range moves go on. It stops
 // at a partition detached half-way or without finite bounds, and after ruleCatchUpBudget. An
 // error stops it too, as UpkeepReport.RuleHeld, not as a failure of the pass: until upkeep goes
@@ -105,6 +112,10 @@ func (u *upkeeper) underRule(ctx context.Context, p catalogPartition) error {
 		if err := u.conn.QueryRow(ctx, fmt.Sprintf(`SELECT coalesce(extract(epoch FROM max(shardgate_key_floor(key) - created_at)), 0)::float8
 			FROM %s WHERE created_at < shardgate_key_floor(key)`, table)).Scan(&early); err != nil {
 			return fmt.Errorf("read how early its records are dated: %w", err)
+		}
+		if early > maxEarlyBy.Seconds() {
+			return fmt.Errorf("a record in it is dated %s before its key's time, more than the %s early_by may grow by (a clock was far off when it was written); it leaves with retention",
+				time.Duration(early*float64(time.Second)).Round(time.Second), maxEarlyBy)
 		}
 	}
 	// One statement: a lookup reads both columns of the one row in one snapshot.

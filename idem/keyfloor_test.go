@@ -409,7 +409,7 @@ func TestUpkeepBringsOldPartitionsUnderTheRule(t *testing.T) {
 		dated time.Time
 	}{
 		{"a record in the partition before its key's, 70 s early", keyAt(day(-3).From.Add(10 * time.Second)), day(-3).From.Add(-time.Minute)},
-		{"a record an hour before its key, in its key's partition", keyAt(day(-2).From.Add(2 * time.Hour)), day(-2).From.Add(time.Hour)},
+		{"a record a minute before its key, in its key's partition", keyAt(day(-2).From.Add(2 * time.Hour)), day(-2).From.Add(2*time.Hour - time.Minute)},
 		{"a record dated after its key", keyAt(day(-1).From.Add(time.Hour)), day(-1).From.Add(2 * time.Hour)},
 		{"a record whose key has no floor", "order-1234", day(-4).From.Add(time.Hour)},
 	}
@@ -442,8 +442,8 @@ func TestUpkeepBringsOldPartitionsUnderTheRule(t *testing.T) {
 	if u := recordFloor(t, pool); !u.Equal(day(-4).From) || !rep.State.UncheckedBefore.Equal(u) {
 		t.Errorf("unchecked_before %v (reported %v), want the oldest partition's lower bound %v", u, rep.State.UncheckedBefore, day(-4).From)
 	}
-	if e := earlyBy(t, pool); e != time.Hour {
-		t.Errorf("early_by %v, want the earliest-dated record's hour", e)
+	if e := earlyBy(t, pool); e != 70*time.Second {
+		t.Errorf("early_by %v, want the earliest-dated record's 70 s", e)
 	}
 	for i, rec := range records {
 		var dated time.Time
@@ -469,7 +469,11 @@ func TestUpkeepBringsOldPartitionsUnderTheRule(t *testing.T) {
 	transferOutcome(t, pool, late, Applied)
 	mustExec(t, pool, "ALTER TABLE idempotency_record DETACH PARTITION "+day(0).Name)
 	mustExec(t, pool, fmt.Sprintf("ALTER TABLE %s DROP CONSTRAINT %s", day(0).Name, keyFloorRule))
-	mustExec(t, pool, fmt.Sprintf("UPDATE %s SET created_at = $2 WHERE key = $1", day(0).Name), late.Key, day(0).From)
+	lateDated := now.Add(-31 * time.Minute).Truncate(time.Millisecond) // before its key, within maxEarlyBy, and today
+	if lateDated.Before(day(0).From) {
+		lateDated = day(0).From
+	}
+	mustExec(t, pool, fmt.Sprintf("UPDATE %s SET created_at = $2 WHERE key = $1", day(0).Name), late.Key, lateDated)
 	if names, err := EnsurePartitions(ctx, pool, partition.Daily, now, 2); err != nil || !slices.Equal(names, []string{day(0).Name}) {
 		t.Fatalf("attach again: %v %v, want %s", names, err, day(0).Name)
 	}
@@ -484,7 +488,7 @@ func TestUpkeepBringsOldPartitionsUnderTheRule(t *testing.T) {
 	if u := recordFloor(t, pool); !u.Equal(day(-4).From) {
 		t.Errorf("unchecked_before %v, want %v again", u, day(-4).From)
 	}
-	if e, want := earlyBy(t, pool), max(time.Hour, keyFloor(t, pool, late.Key).Sub(day(0).From)); e != want {
+	if e, want := earlyBy(t, pool), max(70*time.Second, keyFloor(t, pool, late.Key).Sub(lateDated)); e != want {
 		t.Errorf("early_by %v, want %v", e, want)
 	}
 	assertDecides(t, pool, late, "a record dated before its key, attached again and read")
@@ -502,7 +506,7 @@ func TestBringingUnderTheRuleLeavesTransfersAlone(t *testing.T) {
 	}
 	early := testTransfer(keyAt(time.Now().Add(-time.Hour)), 3)
 	transferOutcome(t, pool, early, Applied)
-	mustExec(t, pool, "UPDATE idempotency_record SET created_at = $2 WHERE key = $1", early.Key, yesterday.From)
+	mustExec(t, pool, "UPDATE idempotency_record SET created_at = $2 WHERE key = $1", early.Key, time.Now().Add(-time.Hour-30*time.Second))
 	if _, err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
@@ -547,13 +551,13 @@ func TestBringingUnderTheRuleLeavesTransfersAlone(t *testing.T) {
 	if err := settle.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	assertDecides(t, pool, early, "a record dated the day before its key")
+	assertDecides(t, pool, early, "a record dated 30 s before its key")
 }
 
 // A record dated days before its key (a clock far off, before the router refused such keys)
-// widens every lookup by as much, and still decides: the shard gives up pruning where the
-// records say it must, and nothing else.
-func TestARecordFarBeforeItsKeyWidensEveryLookup(t *testing.T) {
+// would widen every lookup for good: its partition stays in every lookup instead, with those
+// before it, until retention drops it, and the pass says why. The record still decides.
+func TestARecordFarBeforeItsKeyKeepsItsPartitionInEveryLookup(t *testing.T) {
 	ctx := context.Background()
 	pool, _ := releaseDB(t, 5)
 	day := func(d int) partition.Partition { return partition.At(partition.Daily, time.Now().AddDate(0, 0, d)) }
@@ -566,12 +570,18 @@ func TestARecordFarBeforeItsKeyWidensEveryLookup(t *testing.T) {
 	if _, err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Upkeep(ctx, pool, UpkeepOptions{Interval: partition.Daily, Ahead: 2, Retention: 720 * time.Hour})
-	if want := []string{day(2).Name, day(1).Name, day(0).Name, day(-1).Name, day(-2).Name}; err != nil || rep.RuleHeld != "" || !slices.Equal(rep.Checked, want) {
-		t.Fatalf("brought %v under the rule (%v; held back %q), want %v", rep.Checked, err, rep.RuleHeld, want)
+	opts := UpkeepOptions{Interval: partition.Daily, Ahead: 2, Retention: 720 * time.Hour}
+	for pass := 1; pass <= 2; pass++ {
+		rep, err := Upkeep(ctx, pool, opts)
+		if want := []string{day(2).Name, day(1).Name, day(0).Name}; pass == 1 && (err != nil || !slices.Equal(rep.Checked, want)) {
+			t.Fatalf("brought %v under the rule (%v), want %v", rep.Checked, err, want)
+		}
+		if err != nil || !strings.Contains(rep.RuleHeld, day(-1).Name) || !strings.Contains(rep.RuleHeld, "144h0m0s before its key") {
+			t.Errorf("pass %d: held back %q (%v), want it to name %s and say its record is dated 144h before its key", pass, rep.RuleHeld, err, day(-1).Name)
+		}
 	}
-	if e, want := earlyBy(t, pool), day(5).From.Sub(day(-1).From); e != want {
-		t.Errorf("early_by %v, want %v", e, want)
+	if u, e := recordFloor(t, pool), earlyBy(t, pool); !u.Equal(day(0).From) || e != 0 {
+		t.Errorf("unchecked_before %v and early_by %v, want %v and 0", u, e, day(0).From)
 	}
 	assertDecides(t, pool, ahead, "a record six days before its key")
 }
