@@ -26,8 +26,9 @@
 # each 503 (a 503 whose COMMIT outcome was unknown may have committed: a retry would replay it).
 #
 # Needs PostgreSQL's server binaries, pgbench and wrk (installed from Debian when run as root:
-# scripts/ensure-deps.sh compare). Ports: SHARDGATE_COMPARE_PORT (default 55490) for
-# PostgreSQL and the next two for the routers.
+# scripts/ensure-deps.sh compare). Ports: SHARDGATE_COMPARE_PORT (default 25490) for
+# PostgreSQL and the next two for the routers: below Linux's ephemeral range (32768-60999), where
+# a connection of one router to PostgreSQL could hold the other router's port.
 set -euo pipefail
 
 rounds=3 duration=10 concurrency=1,8,64 aged=0 base_conf='' head_conf=''
@@ -70,7 +71,7 @@ if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
   echo "bench-compare: as root, PostgreSQL runs as the postgres user, and there is none: run as another user" >&2
   exit 2
 fi
-port=${SHARDGATE_COMPARE_PORT:-55490}
+port=${SHARDGATE_COMPARE_PORT:-25490}
 # Connections: each router's pool (64), pgbench's clients, and some to spare.
 max_c=$(tr , '\n' <<<"$concurrency" | sort -n | tail -1)
 tmp=$(mktemp -d /tmp/shardgate-compare.XXXXXX)
