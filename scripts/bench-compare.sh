@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench-compare.sh: the router at two revisions side by side, new keys under wrk (a load
-# generator in its own process, as issue 11 measured), with the anchor CTE under pgbench between
+# generator in its own process), with the anchor CTE under pgbench between
 # them, all on one durable PostgreSQL (fsync and synchronous_commit on) started for the run.
 #
 #   scripts/bench-compare.sh [-r ROUNDS] [-d SECONDS] [-c 1,8,64] [-a DAYS] [-B YAML] [-H YAML] BASE [HEAD]
