@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The container half of the test suite (README "Containers"): builds the images from Debian
+# The container half of the test suite (docs/testing.md, "Containers"): builds the images from Debian
 # packages (no registry needed), runs the multi-shard suite and the bank fault suite on shard
 # containers, and the compose smoke test. Needs a running Docker Engine.
 set -euo pipefail
