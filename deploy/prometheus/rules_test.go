@@ -218,10 +218,10 @@ func TestRulesAreCompleteAndNameExportedMetrics(t *testing.T) {
 // alertName finds alert names (ShardgateSomething) in prose.
 var alertName = regexp.MustCompile(`\bShardgate[A-Z][A-Za-z]+\b`)
 
-// TestDocumentedAlertsExist keeps the README's references to alerts in step with rules.yml, so
-// that an operator told "the alert X fires" finds X.
+// TestDocumentedAlertsExist keeps the documentation's references to alerts (README.md and
+// docs/) in step with rules.yml, so that an operator told "the alert X fires" finds X.
 func TestDocumentedAlertsExist(t *testing.T) {
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	docs, err := filepath.Glob(filepath.Join("..", "..", "docs", "*.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,9 +231,15 @@ func TestDocumentedAlertsExist(t *testing.T) {
 			alerts[r.Alert] = true
 		}
 	}
-	for _, name := range alertName.FindAllString(string(readme), -1) {
-		if !alerts[name] {
-			t.Errorf("README.md names alert %s, which rules.yml does not define", name)
+	for _, path := range append([]string{filepath.Join("..", "..", "README.md")}, docs...) {
+		text, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range alertName.FindAllString(string(text), -1) {
+			if !alerts[name] {
+				t.Errorf("%s names alert %s, which rules.yml does not define", path, name)
+			}
 		}
 	}
 }
