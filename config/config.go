@@ -214,7 +214,10 @@ func Load(path string) (*Config, error) {
 	return Parse(path, data)
 }
 
-var clientName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+var (
+	clientName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+	currency   = regexp.MustCompile(`^[A-Z]{3}$`)
+)
 
 // Parse decodes and validates router.yaml content; path names the file in errors and anchors a
 // relative shardmap path. Every problem found is reported, one per line. It runs in three
@@ -333,6 +336,43 @@ func sha256Hex(s string) ([32]byte, bool) {
 		return [32]byte{}, false
 	}
 	return [32]byte(sum), true
+}
+
+// validate reports every setting outside what is safe to run.
+func (c *Config) validate() []string {
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	if c.Listen == "" {
+		bad("listen: must be host:port, e.g. 127.0.0.1:8080")
+	}
+	if c.ShardmapPath == "" {
+		bad("shardmap: must name the shard map file")
+	}
+	problems = append(problems, c.Idempotency.validate()...)
+	switch c.Auth.Mode {
+	case "none":
+	case "tokens":
+		if len(c.Auth.Clients) == 0 {
+			bad("auth.clients: mode tokens needs at least one client (name, token_sha256)")
+		}
+	default:
+		bad("auth.mode: %q must be tokens or none", c.Auth.Mode)
+	}
+	if !currency.MatchString(c.Transfers.DefaultCurrency) {
+		bad("transfers.default_currency: %q must be an ISO 4217 code such as EUR", c.Transfers.DefaultCurrency)
+	}
+	if c.Transfers.MaxBodyBytes < 256 || c.Transfers.MaxBodyBytes > 1<<20 {
+		bad("transfers.max_body_bytes: %d must be between 256 and 1048576", c.Transfers.MaxBodyBytes)
+	}
+	problems = append(problems, c.ShardPool.validate()...)
+	if rc := c.ReplayCache; rc.MaxEntries < 0 || rc.MaxEntries > 10_000_000 {
+		bad("replay_cache.max_entries: %d must be between 0 (off) and 10000000", rc.MaxEntries)
+	} else if rc.MaxEntries > 0 && (rc.TTL <= 0 || rc.TTL >= c.Idempotency.ReplayWindow) {
+		bad("replay_cache.ttl: %s must be positive and below idempotency.replay_window (%s), so that no cached replay outlives retention", rc.TTL, c.Idempotency.ReplayWindow)
+	}
+	problems = append(problems, c.GroupCommit.validate(c.ShardPool)...)
+	problems = append(problems, c.Relay.validate(c.ShardPool.RequestTimeout)...)
+	return append(problems, c.validateListeners()...)
 }
 
 // rel resolves a file named in router.yaml relative to router.yaml's directory.

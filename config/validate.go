@@ -2,50 +2,10 @@ package config
 
 import (
 	"fmt"
-	"regexp"
 	"time"
 )
 
-// currency is the form of an ISO 4217 currency code.
-var currency = regexp.MustCompile(`^[A-Z]{3}$`)
-
-// validate reports every setting outside what is safe to run.
-func (c *Config) validate() []string {
-	var problems []string
-	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-	if c.Listen == "" {
-		bad("listen: must be host:port, e.g. 127.0.0.1:8080")
-	}
-	if c.ShardmapPath == "" {
-		bad("shardmap: must name the shard map file")
-	}
-	problems = append(problems, c.Idempotency.validate()...)
-	switch c.Auth.Mode {
-	case "none":
-	case "tokens":
-		if len(c.Auth.Clients) == 0 {
-			bad("auth.clients: mode tokens needs at least one client (name, token_sha256)")
-		}
-	default:
-		bad("auth.mode: %q must be tokens or none", c.Auth.Mode)
-	}
-	if !currency.MatchString(c.Transfers.DefaultCurrency) {
-		bad("transfers.default_currency: %q must be an ISO 4217 code such as EUR", c.Transfers.DefaultCurrency)
-	}
-	if c.Transfers.MaxBodyBytes < 256 || c.Transfers.MaxBodyBytes > 1<<20 {
-		bad("transfers.max_body_bytes: %d must be between 256 and 1048576", c.Transfers.MaxBodyBytes)
-	}
-	problems = append(problems, c.ShardPool.validate()...)
-	if rc := c.ReplayCache; rc.MaxEntries < 0 || rc.MaxEntries > 10_000_000 {
-		bad("replay_cache.max_entries: %d must be between 0 (off) and 10000000", rc.MaxEntries)
-	} else if rc.MaxEntries > 0 && (rc.TTL <= 0 || rc.TTL >= c.Idempotency.ReplayWindow) {
-		bad("replay_cache.ttl: %s must be positive and below idempotency.replay_window (%s), so that no cached replay outlives retention", rc.TTL, c.Idempotency.ReplayWindow)
-	}
-	problems = append(problems, c.GroupCommit.validate(c.ShardPool)...)
-	problems = append(problems, c.Relay.validate(c.ShardPool.RequestTimeout)...)
-	return append(problems, c.validateListeners()...)
-}
-
+// validate reports what is wrong with r, given the deadline of one request to a shard.
 func (r Relay) validate(requestTimeout time.Duration) []string {
 	var problems []string
 	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
@@ -67,6 +27,7 @@ func (r Relay) validate(requestTimeout time.Duration) []string {
 	return problems
 }
 
+// validate reports what is wrong with idm.
 func (idm Idempotency) validate() []string {
 	var problems []string
 	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
@@ -86,6 +47,7 @@ func (idm Idempotency) validate() []string {
 	return problems
 }
 
+// validate reports what is wrong with sp.
 func (sp ShardPool) validate() []string {
 	var problems []string
 	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
