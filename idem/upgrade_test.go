@@ -175,7 +175,7 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 	transferOutcome(t, pool, debitTo("up-local", 77, here), KeyReused)
 
 	// The owed credits, the previous release's and the new one, delivered and settled.
-	dst := scratchDB(t)
+	dst := halfShard(t) // of this release, owning here
 	credits := claim(t, pool, "relay", time.Minute)
 	var ids []string
 	settled := map[string]time.Time{}
