@@ -242,7 +242,8 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) ([]string, err
 }
 
 // applyFunctions applies, in one transaction and in order, the function files whose checksum
-// differs from the one recorded in shardgate_schema_functions, and records theirs.
+// differs from the one recorded in shardgate_schema_functions, and records theirs. It drops no
+// function: removing one is a versioned migration's DROP FUNCTION, with its file deleted.
 func applyFunctions(ctx context.Context, conn *pgx.Conn, fns []FunctionFile) ([]string, error) {
 	var applied []string
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -268,6 +269,14 @@ func applyFunctions(ctx context.Context, conn *pgx.Conn, fns []FunctionFile) ([]
 				return fmt.Errorf("record function file sql/%s: %w", f.Name, err)
 			}
 			applied = append(applied, "sql/"+f.Name)
+		}
+		// A file that is gone no longer vouches for anything: were it to come back, it applies.
+		names := make([]string, len(fns))
+		for i, f := range fns {
+			names[i] = f.Name
+		}
+		if _, err := tx.Exec(ctx, "DELETE FROM shardgate_schema_functions WHERE name <> ALL ($1)", names); err != nil {
+			return fmt.Errorf("forget removed function files: %w", err)
 		}
 		return nil
 	})

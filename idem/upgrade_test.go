@@ -264,6 +264,11 @@ func functionDefs(t *testing.T, pool *pgxpool.Pool) map[string]string {
 	return defs
 }
 
+// changedSincePreviousRelease names the functions whose files were changed on purpose since the
+// release of testdata/release_0007.sql; TestFreshAndUpgradedShardsAgree holds every other to the
+// previous release's definition. Empty again once the fixture of the next release is written.
+var changedSincePreviousRelease = map[string]bool{}
+
 // A fresh shard and one upgraded from the previous release end with the same schema, and the
 // functions in sql/ do what the previous release's did: the same definitions but for comments
 // (shardgate_prior_outcome, which nothing called, is gone).
@@ -289,7 +294,7 @@ func TestFreshAndUpgradedShardsAgree(t *testing.T) {
 			}
 			continue
 		}
-		if now[sig] != def {
+		if now[sig] != def && !changedSincePreviousRelease[strings.Split(sig, "(")[0]] {
 			t.Errorf("%s differs from the previous release's:\nnow\n%s\nbefore\n%s", sig, now[sig], def)
 		}
 	}
@@ -572,3 +577,25 @@ func TestFunctionFilesDeclareWhatTheyNeed(t *testing.T) {
 }
 
 var errRollback = errors.New("rolled back on purpose")
+
+// A function file that is removed drops nothing (that is a versioned migration's job), and its
+// checksum is forgotten: if the file comes back, it is applied again.
+func TestRemovedFunctionFileIsForgotten(t *testing.T) {
+	ctx := context.Background()
+	pool := migratedDB(t, "")
+	applied, err := migrate(ctx, pool, withFiles(t, map[string]string{"sql/shardgate_transfer.sql": ""}))
+	if err != nil || len(applied) != 0 {
+		t.Fatalf("without a file: %v %v, want nothing applied", applied, err)
+	}
+	var recorded, defined bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM shardgate_schema_functions WHERE name = 'shardgate_transfer.sql'),
+		EXISTS (SELECT 1 FROM pg_proc WHERE proname = 'shardgate_transfer')`).Scan(&recorded, &defined); err != nil {
+		t.Fatal(err)
+	}
+	if recorded || !defined {
+		t.Fatalf("after its file was removed: recorded %v, defined %v; want forgotten and still defined", recorded, defined)
+	}
+	if applied, err := Migrate(ctx, pool); err != nil || !slices.Equal(applied, []string{"sql/shardgate_transfer.sql"}) {
+		t.Fatalf("the file back: %v %v, want it applied", applied, err)
+	}
+}
