@@ -40,8 +40,9 @@ type FunctionFile struct {
 }
 
 // Advisory lock ids, in (classid, objid) form so they never meet the single-bigint keys that
-// the transfer functions take per idempotency key. LockClass 21319 is "SG". The migrations name
-// LockClass and LockOwnership too; TestSQLConstantsMatchMigrations holds the two sides together.
+// the transfer functions take per idempotency key. LockClass 21319 is "SG". The function files
+// name LockClass and LockOwnership too; TestSQLConstantsMatchMigrations holds the two sides
+// together.
 const (
 	LockClass     = 21319
 	LockMigrate   = 0
