@@ -28,6 +28,7 @@ type Config struct {
 	GroupCommit  GroupCommit
 	ReplayCache  ReplayCache
 	Relay        Relay
+	Buffering    Buffering
 	HTTP         HTTP
 	TLS          TLS
 	Admin        Admin
@@ -174,7 +175,8 @@ type file struct {
 		BackoffMax   *duration `yaml:"backoff_max"`
 		KeepSettled  *duration `yaml:"keep_settled"`
 	} `yaml:"relay"`
-	HTTP struct {
+	Buffering bufferingFile `yaml:"buffering"`
+	HTTP      struct {
 		ReadHeaderTimeout *duration `yaml:"read_header_timeout"`
 		ReadTimeout       *duration `yaml:"read_timeout"`
 		WriteTimeout      *duration `yaml:"write_timeout"`
@@ -271,6 +273,7 @@ func withDefaults(path string, f *file) (*Config, []string) {
 			BackoffMax:   durOr(f.Relay.BackoffMax, time.Minute),
 			KeepSettled:  durOr(f.Relay.KeepSettled, 168*time.Hour),
 		},
+		Buffering: f.Buffering.withDefaults(),
 		HTTP: HTTP{
 			ReadHeaderTimeout: durOr(f.HTTP.ReadHeaderTimeout, 5*time.Second),
 			ReadTimeout:       durOr(f.HTTP.ReadTimeout, 15*time.Second),
@@ -372,6 +375,7 @@ func (c *Config) validate() []string {
 	}
 	problems = append(problems, c.GroupCommit.validate(c.ShardPool)...)
 	problems = append(problems, c.Relay.validate(c.ShardPool.RequestTimeout)...)
+	problems = append(problems, c.Buffering.validate(c.ShardPool)...)
 	return append(problems, c.validateListeners()...)
 }
 
