@@ -31,6 +31,7 @@ type metrics struct {
 	shardTime      *prometheus.HistogramVec
 	reloads        *prometheus.CounterVec
 	recordsMissing *prometheus.CounterVec
+	buffer         bufferMetrics
 }
 
 func newMetrics(reg prometheus.Registerer, topo *atomic.Pointer[topology.Topology]) *metrics {
@@ -56,6 +57,7 @@ func newMetrics(reg prometheus.Registerer, topo *atomic.Pointer[topology.Topolog
 		Help: "Transfers whose debit is in the shard's ledger, younger than retention, but whose idempotency record is missing (a partition detached by hand, say); answered 503 idempotency-record-missing.",
 	}, []string{"shard"})
 	reg.MustRegister(m.transfers, m.shardTime, m.reloads, m.recordsMissing, &poolCollector{topo: topo})
+	m.buffer = newBufferMetrics(reg)
 	return m
 }
 

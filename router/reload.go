@@ -67,6 +67,7 @@ func (s *Server) reload(path string) (ReloadResult, error) {
 		return ReloadRefused, fmt.Errorf("%w: %w", ErrMapRefused, err)
 	}
 	s.topo.Store(next)
+	s.buffer.mapChanged()
 	s.groups.forget(next)
 	go cur.Retire(next)
 	return ReloadApplied, nil

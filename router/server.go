@@ -38,6 +38,7 @@ type Server struct {
 	metrics  *metrics
 	groups   *committers    // per-shard group commit
 	replays  *replayCache   // nil when replay_cache is off
+	buffer   *rangeBuffer   // nil when buffering is off
 	mux      *http.ServeMux // the API, and the admin endpoints unless they have their own listener
 	admin    http.Handler
 	reloadMu sync.Mutex
@@ -55,6 +56,7 @@ func New(cfg *config.Config, topo *topology.Topology, log *slog.Logger, reg *pro
 	s.metrics = newMetrics(reg, &s.topo)
 	s.groups = newCommitters(cfg, reg)
 	s.replays = newReplayCache(cfg.ReplayCache)
+	s.buffer = newRangeBuffer(cfg.Buffering, s.metrics.buffer)
 	s.mux.HandleFunc("POST /transfers", s.postTransfer)
 	s.mux.Handle("GET /openapi.yaml", api.Handler())
 	s.mux.HandleFunc("GET /transfers/{id}", s.getTransfer)
@@ -99,7 +101,10 @@ func (s *Server) HoldTopology() *topology.Topology {
 
 // SetTopology swaps in t for new requests and returns the previous one, which requests already
 // routed keep using until they finish.
-func (s *Server) SetTopology(t *topology.Topology) *topology.Topology { return s.topo.Swap(t) }
+func (s *Server) SetTopology(t *topology.Topology) *topology.Topology {
+	defer s.buffer.mapChanged()
+	return s.topo.Swap(t)
+}
 
 var _ http.Handler = (*Server)(nil)
 

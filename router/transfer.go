@@ -192,7 +192,9 @@ func transferBody(id string, in TransferInput) string {
 }
 
 // route runs req on the shard that owns it, answers, and counts the outcome. A shard that says
-// this router's map is older than its own makes the router reload and route once more.
+// this router's map is older than its own makes the router reload and route once more. A
+// request for a key range that is moving (its owner refuses it) is held until a shard takes
+// the range, within the bounds of buffering (holdFenced).
 func (s *Server) route(w http.ResponseWriter, r *http.Request, req idem.TransferRequest) {
 	// The transfer runs to its end even if the client hangs up: the outcome is then stored for the
 	// retry to replay, instead of being cut off at an unknown point.
@@ -204,18 +206,13 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, req idem.Transfer
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.ShardPool.RequestTimeout)
 	defer cancel()
-	topo := s.HoldTopology()
-	defer topo.Release()
-	shard, res, err := s.transferOn(ctx, topo, req)
-	if err == nil && res.Outcome == idem.NotOwner && res.ShardMapVersion > topo.Map.Version {
-		// The shard's ownership check is what keeps a stale router from applying anywhere.
-		if s.ReloadAtLeast(res.ShardMapVersion) {
-			topo = s.HoldTopology()
-			defer topo.Release()
-			shard, res, err = s.transferOn(ctx, topo, req)
-		}
+	var a attempt
+	if s.fenced(req) {
+		a = s.holdFenced(ctx, r.Context(), req, nil)
+	} else if a = s.tryOnce(ctx, req); a.refused() && s.buffer != nil {
+		a = s.holdFenced(ctx, r.Context(), req, &a)
 	}
-	s.metrics.transfers.WithLabelValues(s.answer(w, shard, topo.Map.Version, req, res, err), shard).Inc()
+	s.metrics.transfers.WithLabelValues(s.answer(w, a.shard, a.version, req, a.res, a.err), a.shard).Inc()
 }
 
 // transferOn runs req on the shard that owns it in topo and records the shard's latency.
