@@ -10,6 +10,8 @@ import (
 
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/shardmap"
+	"github.com/shardgate/shardgate/topology"
 )
 
 // While a key range moves, its old owner refuses it from the revoke on, and its new owner until
@@ -182,23 +184,58 @@ type attempt struct {
 // refused reports an attempt the shard refused as not its range's owner.
 func (a attempt) refused() bool { return a.err == nil && a.res.Outcome == idem.NotOwner }
 
-// tryOnce runs req on the shard that owns it in the current map; a shard that follows a newer
-// map than the router's makes the router reload and try once more on the new owner.
+// tryOnce runs req on the shard that owns it in the current map (or, while that shard has not
+// been granted the range, on its previous owner: tryIn); a shard that follows a newer map than
+// the router's makes the router reload and try once more there.
 func (s *Server) tryOnce(ctx context.Context, req idem.TransferRequest) attempt {
 	topo := s.HoldTopology()
-	shard, res, err := s.transferOn(ctx, topo, req)
-	version := topo.Map.Version
+	a := s.tryIn(ctx, topo, req)
 	topo.Release()
-	if err == nil && res.Outcome == idem.NotOwner && res.ShardMapVersion > version {
+	if a.refused() && a.res.ShardMapVersion > a.version {
 		// The shard's ownership check is what keeps a stale router from applying anywhere.
-		if s.ReloadAtLeast(res.ShardMapVersion) {
+		if s.ReloadAtLeast(a.res.ShardMapVersion) {
 			topo = s.HoldTopology()
-			shard, res, err = s.transferOn(ctx, topo, req)
-			version = topo.Map.Version
+			a = s.tryIn(ctx, topo, req)
 			topo.Release()
 		}
 	}
-	return attempt{shard: shard, version: version, res: res, err: err}
+	return a
+}
+
+// tryIn runs req on its range's owner in topo. An owner that refuses it while following an
+// older map than topo's has not been granted topo's map yet: the range may be moving to it, and
+// while the range's rows are copied its owner in the previous map still holds it and applies
+// it. So req goes there too. The shards' ownership checks let at most one of the two apply it;
+// a retry later replays from whichever did, the new owner holding a copy of what the old one
+// stored once it is granted the range.
+func (s *Server) tryIn(ctx context.Context, topo *topology.Topology, req idem.TransferRequest) attempt {
+	owner, _ := topo.Map.ShardFor(req.KeyspaceID)
+	name, res, err := s.transferAt(ctx, topo, owner, req)
+	a := attempt{shard: name, version: topo.Map.Version, res: res, err: err}
+	if !a.refused() || res.ShardMapVersion >= a.version {
+		return a
+	}
+	prev := s.prevMap.Load()
+	if prev == nil || prev.Version >= a.version {
+		return a
+	}
+	was, _ := prev.ShardFor(req.KeyspaceID)
+	old := topo.Map.Shard(was.Name)
+	if old == nil || old.Name == owner.Name {
+		return a
+	}
+	name, res, err = s.transferAt(ctx, topo, old, req)
+	if b := (attempt{shard: name, version: a.version, res: res, err: err}); !b.refused() || res.ShardMapVersion > a.version {
+		return b
+	}
+	return a
+}
+
+// mapSwapped records prev, the map served until now, and lets every held request go to its
+// range's owner in the new map.
+func (s *Server) mapSwapped(prev *shardmap.Map) {
+	s.prevMap.Store(prev)
+	s.buffer.mapChanged()
 }
 
 // fenceKey is the key range that holds req's keyspace id in the current map, its owner there

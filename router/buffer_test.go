@@ -291,7 +291,9 @@ func TestBufferHoldsMovingRange(t *testing.T) {
 		}
 	}
 
-	// Every key replays, as first answered, from the new owner.
+	// Every key replays, as first answered, from the new owner: asked through a router without a
+	// replay cache, so that the shard answers.
+	fresh := c.router("replay_cache:\n  max_entries: 0\n")
 	srcOf := map[string]int64{}
 	for i, a := range answers {
 		first[a.key], srcOf[a.key] = a, moving[i]
@@ -301,7 +303,7 @@ func TestBufferHoldsMovingRange(t *testing.T) {
 	}
 	for _, k := range append(append([]string{}, before...), held...) {
 		src := srcOf[k]
-		a := r.post(context.Background(), k, src)
+		a := fresh.post(context.Background(), k, src)
 		if want := first[k]; a.rec.Code != http.StatusCreated || a.rec.Header().Get("Idempotent-Replayed") != "true" || a.rec.Body.String() != want.rec.Body.String() {
 			t.Errorf("retry of %s: %d replayed=%q %s, want the first answer replayed: %s", k, a.rec.Code, a.rec.Header().Get("Idempotent-Replayed"), a.rec.Body, want.rec.Body)
 		}
@@ -428,7 +430,7 @@ func TestBufferBoundExceeded(t *testing.T) {
 	c := newMoveCluster(t)
 	r := c.router("buffering:\n  max_wait: 300ms\n  max_requests: 2\n")
 	moving := accountsIn(t, "40-80", 3)
-	c.writeMap(2, mapAfter) // the router goes to sb, which is not granted the range (yet)
+	c.fence(c.writeMap(2, mapAfter)) // sa refuses the range, and sb is not granted it
 	if res, err := r.Reload(c.mapPath); res != ReloadApplied {
 		t.Fatalf("reload: %s %v", res, err)
 	}
@@ -469,6 +471,7 @@ func TestBufferClientCancelFreesSlot(t *testing.T) {
 	r := c.router("buffering:\n  max_wait: 4s\n  max_requests: 1\n")
 	moving := accountsIn(t, "40-80", 2)
 	m2 := c.writeMap(2, mapAfter)
+	c.fence(m2)
 	if res, err := r.Reload(c.mapPath); res != ReloadApplied {
 		t.Fatalf("reload: %s %v", res, err)
 	}
@@ -505,5 +508,42 @@ func TestBufferClientCancelFreesSlot(t *testing.T) {
 	want201(t, []answer{a}, false)
 	if c.debits("sb", idA) != 1 {
 		t.Error("the canceled key's retry is not applied once on the new owner")
+	}
+}
+
+// A router that read the new map before the move's fence sends the range's requests to its old
+// owner, which still holds the range while its rows are copied: applied there at once, not held,
+// and replayed by the new owner after the move.
+func TestBufferNewMapBeforeFenceUsesOldOwner(t *testing.T) {
+	c := newMoveCluster(t)
+	r := c.router("")
+	moving := accountsIn(t, "40-80", 4)
+	m2 := c.writeMap(2, mapAfter)
+	if res, err := r.Reload(c.mapPath); res != ReloadApplied {
+		t.Fatalf("reload: %s %v", res, err)
+	}
+	first := r.postAll(keys("copying", len(moving)), moving)()
+	want201(t, first, false)
+	for i, a := range first {
+		if id := transferID(a.key, moving[i]); c.debits("sa", id) != 1 || c.debits("sb", id) != 0 {
+			t.Errorf("key %s: not applied once on the old owner", a.key)
+		}
+		if a.took > time.Second {
+			t.Errorf("key %s took %s", a.key, a.took)
+		}
+	}
+	if r.ended(bufSent)+r.ended(bufTimeout) != 0 {
+		t.Errorf("requests were held while the old owner still held the range")
+	}
+	c.finish(m2)
+	fresh := c.router("replay_cache:\n  max_entries: 0\n")
+	for i, a := range first {
+		b := fresh.post(context.Background(), a.key, moving[i])
+		if b.rec.Code != http.StatusCreated || b.rec.Header().Get("Idempotent-Replayed") != "true" || b.rec.Body.String() != a.rec.Body.String() {
+			t.Errorf("retry of %s after the move: %d %s, want its first answer replayed", a.key, b.rec.Code, b.rec.Body)
+		}
+		if id := transferID(a.key, moving[i]); c.debits("sb", id) != 1 || c.debits("sa", id) != 0 {
+			t.Errorf("key %s: not exactly one debit, on the new owner, after the move", a.key)
+		}
 	}
 }

@@ -27,11 +27,11 @@ const (
 // rate(shardgate_transfers_total{outcome="replayed"}); deploy/prometheus records it as
 // shardgate:replay_ratio:rate5m.
 type metrics struct {
+	buffer         bufferMetrics // of requests held while their key range moves (buffer.go)
 	transfers      *prometheus.CounterVec
 	shardTime      *prometheus.HistogramVec
 	reloads        *prometheus.CounterVec
 	recordsMissing *prometheus.CounterVec
-	buffer         bufferMetrics
 }
 
 func newMetrics(reg prometheus.Registerer, topo *atomic.Pointer[topology.Topology]) *metrics {
@@ -46,6 +46,7 @@ func newMetrics(reg prometheus.Registerer, topo *atomic.Pointer[topology.Topolog
 			Buckets: []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"shard", "outcome"}),
 	}
+	m.buffer = newBufferMetrics(reg)
 	m.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "shardgate_shardmap_reloads_total",
 		Help: "Shard map reloads by result (applied, unchanged, refused).",
@@ -57,7 +58,6 @@ func newMetrics(reg prometheus.Registerer, topo *atomic.Pointer[topology.Topolog
 		Help: "Transfers whose debit is in the shard's ledger, younger than retention, but whose idempotency record is missing (a partition detached by hand, say); answered 503 idempotency-record-missing.",
 	}, []string{"shard"})
 	reg.MustRegister(m.transfers, m.shardTime, m.reloads, m.recordsMissing, &poolCollector{topo: topo})
-	m.buffer = newBufferMetrics(reg)
 	return m
 }
 

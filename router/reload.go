@@ -30,10 +30,12 @@ var ErrMapRefused = errors.New("shard map refused")
 func (s *Server) Reload(path string) (ReloadResult, error) {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
+	was := s.topo.Load().Map
 	res, err := s.reload(path)
 	s.metrics.reloads.WithLabelValues(string(res)).Inc()
 	switch res {
 	case ReloadApplied:
+		s.mapSwapped(was)
 		s.log.Info("shard map reloaded", "version", s.topo.Load().Map.Version)
 	case ReloadRefused:
 		s.log.Error("shard map reload refused; the current map keeps serving", "version", s.topo.Load().Map.Version, "err", err)
@@ -67,7 +69,6 @@ func (s *Server) reload(path string) (ReloadResult, error) {
 		return ReloadRefused, fmt.Errorf("%w: %w", ErrMapRefused, err)
 	}
 	s.topo.Store(next)
-	s.buffer.mapChanged()
 	s.groups.forget(next)
 	go cur.Retire(next)
 	return ReloadApplied, nil

@@ -27,6 +27,7 @@ import (
 	"github.com/shardgate/shardgate/api"
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/shardmap"
 	"github.com/shardgate/shardgate/topology"
 )
 
@@ -38,11 +39,14 @@ type Server struct {
 	metrics  *metrics
 	groups   *committers    // per-shard group commit
 	replays  *replayCache   // nil when replay_cache is off
-	buffer   *rangeBuffer   // nil when buffering is off
 	mux      *http.ServeMux // the API, and the admin endpoints unless they have their own listener
 	admin    http.Handler
 	reloadMu sync.Mutex
 	owed     func() // called when a debit leaves its credit owed; set by OnCreditOwed
+
+	// For requests whose key range is moving (buffer.go).
+	buffer  *rangeBuffer                 // nil when buffering is off
+	prevMap atomic.Pointer[shardmap.Map] // the map served before the current one, if any
 }
 
 // OnCreditOwed makes the server call f each time a debit applies and leaves its credit owed
@@ -54,9 +58,9 @@ func New(cfg *config.Config, topo *topology.Topology, log *slog.Logger, reg *pro
 	s := &Server{cfg: cfg, log: log, mux: http.NewServeMux()}
 	s.topo.Store(topo)
 	s.metrics = newMetrics(reg, &s.topo)
+	s.buffer = newRangeBuffer(cfg.Buffering, s.metrics.buffer)
 	s.groups = newCommitters(cfg, reg)
 	s.replays = newReplayCache(cfg.ReplayCache)
-	s.buffer = newRangeBuffer(cfg.Buffering, s.metrics.buffer)
 	s.mux.HandleFunc("POST /transfers", s.postTransfer)
 	s.mux.Handle("GET /openapi.yaml", api.Handler())
 	s.mux.HandleFunc("GET /transfers/{id}", s.getTransfer)
@@ -102,8 +106,9 @@ func (s *Server) HoldTopology() *topology.Topology {
 // SetTopology swaps in t for new requests and returns the previous one, which requests already
 // routed keep using until they finish.
 func (s *Server) SetTopology(t *topology.Topology) *topology.Topology {
-	defer s.buffer.mapChanged()
-	return s.topo.Swap(t)
+	prev := s.topo.Swap(t)
+	s.mapSwapped(prev.Map)
+	return prev
 }
 
 var _ http.Handler = (*Server)(nil)

@@ -218,6 +218,11 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, req idem.Transfer
 // transferOn runs req on the shard that owns it in topo and records the shard's latency.
 func (s *Server) transferOn(ctx context.Context, topo *topology.Topology, req idem.TransferRequest) (string, idem.TransferResult, error) {
 	shard, _ := topo.Map.ShardFor(req.KeyspaceID)
+	return s.transferAt(ctx, topo, shard, req)
+}
+
+// transferAt runs req on shard, one of topo's, and records the shard's latency.
+func (s *Server) transferAt(ctx context.Context, topo *topology.Topology, shard *shardmap.Shard, req idem.TransferRequest) (string, idem.TransferResult, error) {
 	conn := topo.Shard(shard.Name)
 	if err := conn.Enter(); err != nil {
 		return shard.Name, idem.TransferResult{}, err
