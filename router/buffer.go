@@ -277,10 +277,11 @@ func (s *Server) holdFenced(ctx, client context.Context, req idem.TransferReques
 	bound := time.NewTimer(b.maxWait)
 	defer bound.Stop()
 	for {
-		kr, _, _ := s.fenceKey(req)
+		kr, owner, version := s.fenceKey(req)
 		f, made := b.fenceOf(kr)
 		if made {
-			s.log.Info("holding requests for a key range its owner refuses, until a shard takes it", "range", kr, "shard", last.shard, "router_map_version", last.version, "shard_map_version", last.res.ShardMapVersion)
+			s.log.Info("holding requests for a key range its owner refuses, until a shard takes it",
+				"range", kr, "owner", owner, "router_map_version", version, "refused_by", last.shard, "shard_map_version", last.res.ShardMapVersion)
 		}
 		probing := false
 		select {
