@@ -89,6 +89,8 @@ type fence struct {
 	probe  chan struct{} // holds one token: who takes it probes next, and gives it back
 	wait   time.Duration // the next probe's wait; only the token's holder touches it
 	since  time.Time
+	// holders is how many held requests wait on the fence; guarded by rangeBuffer.mu.
+	holders int
 }
 
 func newRangeBuffer(c config.Buffering, m bufferMetrics) *rangeBuffer {
@@ -111,18 +113,31 @@ func (s *Server) fenced(req idem.TransferRequest) bool {
 	return b.fences[kr] != nil
 }
 
-// fenceOf returns the fence of key range kr, made if there is none.
-func (b *rangeBuffer) fenceOf(kr string) (f *fence, made bool) {
+// join adds a held request to the fence of key range kr, made if there is none.
+func (b *rangeBuffer) join(kr string) (f *fence, made bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if f = b.fences[kr]; f != nil {
+		f.holders++
 		return f, false
 	}
-	f = &fence{lifted: make(chan struct{}), probe: make(chan struct{}, 1), wait: firstProbeWait, since: time.Now()}
+	f = &fence{lifted: make(chan struct{}), probe: make(chan struct{}, 1), wait: firstProbeWait, since: time.Now(), holders: 1}
 	f.probe <- struct{}{}
 	b.fences[kr] = f
 	b.nfences.Store(int64(len(b.fences)))
 	return f, true
+}
+
+// leave takes a held request off kr's fence f; the last one to leave forgets the fence, so that
+// the next request for kr is tried before it is held.
+func (b *rangeBuffer) leave(kr string, f *fence) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	f.holders--
+	if f.holders == 0 && b.fences[kr] == f {
+		delete(b.fences, kr)
+		b.nfences.Store(int64(len(b.fences)))
+	}
 }
 
 // lift releases every request held for kr's fence f, if f is still its fence.
@@ -276,12 +291,27 @@ func (s *Server) holdFenced(ctx, client context.Context, req idem.TransferReques
 	}
 	bound := time.NewTimer(b.maxWait)
 	defer bound.Stop()
+	var (
+		f  *fence
+		fk string // f's key range
+	)
+	defer func() {
+		if f != nil {
+			b.leave(fk, f)
+		}
+	}()
 	for {
-		kr, owner, version := s.fenceKey(req)
-		f, made := b.fenceOf(kr)
-		if made {
-			s.log.Info("holding requests for a key range its owner refuses, until a shard takes it",
-				"range", kr, "owner", owner, "router_map_version", version, "refused_by", last.shard, "shard_map_version", last.res.ShardMapVersion)
+		if kr, owner, version := s.fenceKey(req); f == nil || kr != fk || isClosed(f.lifted) {
+			if f != nil {
+				b.leave(fk, f)
+			}
+			var made bool
+			f, made = b.join(kr)
+			fk = kr
+			if made {
+				s.log.Info("holding requests for a key range its owner refuses, until a shard takes it",
+					"range", kr, "owner", owner, "router_map_version", version, "refused_by", last.shard, "shard_map_version", last.res.ShardMapVersion)
+			}
 		}
 		probing := false
 		select {
@@ -315,8 +345,8 @@ func (s *Server) holdFenced(ctx, client context.Context, req idem.TransferReques
 		a := s.tryOnce(ctx, req)
 		if !a.refused() {
 			if probing {
-				b.lift(kr, f)
-				s.log.Info("a key range's requests are sent on: a shard takes it", "range", kr, "shard", a.shard, "fenced_for", time.Since(f.since))
+				b.lift(fk, f)
+				s.log.Info("a key range's requests are sent on: a shard takes it", "range", fk, "shard", a.shard, "fenced_for", time.Since(f.since))
 			}
 			outcome = bufSent
 			return a
@@ -332,5 +362,15 @@ func (s *Server) holdFenced(ctx, client context.Context, req idem.TransferReques
 			f.wait = min(2*f.wait, maxProbeWait)
 			f.probe <- struct{}{}
 		}
+	}
+}
+
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
