@@ -550,3 +550,71 @@ func TestBufferNewMapBeforeFenceUsesOldOwner(t *testing.T) {
 		}
 	}
 }
+
+// A whole move under load, as an operator runs it: the file edited, one router reading it and
+// one not, clients posting new keys into the moving range and elsewhere all along. No request
+// gets anything but its 201, and every key ends up applied once, on its range's owner.
+func TestBufferMoveUnderLoad(t *testing.T) {
+	c := newMoveCluster(t)
+	routers := []*bufRouter{c.router(""), c.router("")}
+	m2 := c.writeMap(2, mapAfter)
+	if res, err := routers[0].Reload(c.mapPath); res != ReloadApplied {
+		t.Fatalf("reload: %s %v", res, err)
+	}
+	type posted struct {
+		key string
+		src int64
+		a   answer
+	}
+	srcs := append(accountsIn(t, "40-80", 8), accountsIn(t, "-40", 2)...)
+	srcs = append(srcs, accountsIn(t, "80-", 2)...)
+	var (
+		mu   sync.Mutex
+		all  []posted
+		wg   sync.WaitGroup
+		stop = make(chan struct{})
+	)
+	for i, src := range srcs {
+		wg.Go(func() {
+			r := routers[i%2]
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := fmt.Sprintf("load-%d-%d", i, n)
+				a := r.post(context.Background(), k, src)
+				mu.Lock()
+				all = append(all, posted{k, src, a})
+				mu.Unlock()
+			}
+		})
+	}
+	time.Sleep(200 * time.Millisecond)
+	c.finish(m2)
+	time.Sleep(200 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+
+	moving, _ := shardmap.ParseKeyRange("40-80")
+	low, _ := shardmap.ParseKeyRange("-40")
+	var longest time.Duration
+	for _, p := range all {
+		want201(t, []answer{p.a}, false)
+		owner, other := "sb", "sa"
+		if low.Contains(shardmap.KeyspaceID(p.src)) {
+			owner, other = "sa", "sb"
+		}
+		if moving.Contains(shardmap.KeyspaceID(p.src)) {
+			longest = max(longest, p.a.took)
+		}
+		if id := transferID(p.key, p.src); c.debits(owner, id) != 1 || c.debits(other, id) != 0 {
+			t.Errorf("key %s (account %d): not applied once, on %s", p.key, p.src, owner)
+		}
+	}
+	t.Logf("%d transfers posted during the move; the longest in the moving range took %s", len(all), longest)
+	if len(all) < len(srcs) {
+		t.Fatalf("only %d transfers posted", len(all))
+	}
+}
