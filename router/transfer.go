@@ -215,12 +215,6 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, req idem.Transfer
 	s.metrics.transfers.WithLabelValues(s.answer(w, a.shard, a.version, req, a.res, a.err), a.shard).Inc()
 }
 
-// transferOn runs req on the shard that owns it in topo and records the shard's latency.
-func (s *Server) transferOn(ctx context.Context, topo *topology.Topology, req idem.TransferRequest) (string, idem.TransferResult, error) {
-	shard, _ := topo.Map.ShardFor(req.KeyspaceID)
-	return s.transferAt(ctx, topo, shard, req)
-}
-
 // transferAt runs req on shard, one of topo's, and records the shard's latency.
 func (s *Server) transferAt(ctx context.Context, topo *topology.Topology, shard *shardmap.Shard, req idem.TransferRequest) (string, idem.TransferResult, error) {
 	conn := topo.Shard(shard.Name)
