@@ -25,14 +25,20 @@ type bufferingFile struct {
 	MaxRequests *int      `yaml:"max_requests"`
 }
 
-// withDefaults fills what the section leaves out. max_wait: a move's fence (revoke, last
-// catch-up, grant) is meant to last about a second, and a router holding an older map needs
-// one more reload to find the new owner; 3s covers both with room to spare and leaves 2s of
-// the default request_timeout for the transfer itself once sent on. max_requests: 1000 held
-// requests cost about a goroutine and a body each (at most transfers.max_body_bytes), some
-// megabytes, while at the rates one router serves they cover a fence of a second or more.
-func (f bufferingFile) withDefaults() Buffering {
-	return Buffering{MaxWait: durOr(f.MaxWait, 3*time.Second), MaxRequests: deref(f.MaxRequests, 1000)}
+// withDefaults fills what the section leaves out, given shard_pool.request_timeout. max_wait: a
+// move's fence (revoke, last catch-up, grant) is meant to last about a second, and a router
+// holding an older map needs one more reload to find the new owner; 3s covers both with room to
+// spare and leaves 2s of the default request_timeout for the transfer itself once sent on (with
+// a request_timeout of 3s or less, half of it, so that such a configuration stays valid).
+// max_requests: 1000 held requests cost about a goroutine and a body each (at most
+// transfers.max_body_bytes), some megabytes, while at the rates one router serves they cover a
+// fence of a second or more.
+func (f bufferingFile) withDefaults(requestTimeout time.Duration) Buffering {
+	wait := 3 * time.Second
+	if requestTimeout <= wait {
+		wait = requestTimeout / 2
+	}
+	return Buffering{MaxWait: durOr(f.MaxWait, wait), MaxRequests: deref(f.MaxRequests, 1000)}
 }
 
 // validate reports what is wrong with b, given the deadline of one request.

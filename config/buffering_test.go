@@ -41,6 +41,11 @@ func TestBufferingRejects(t *testing.T) {
 			}
 		})
 	}
+	// A short request timeout shortens the default wait, and stays valid.
+	c, err := Parse("router.yaml", []byte(validYAML+"shard_pool:\n  request_timeout: 2s\n"))
+	if err != nil || c.Buffering.MaxWait != time.Second {
+		t.Errorf("request_timeout 2s: %v, max_wait %v, want 1s", err, c.Buffering.MaxWait)
+	}
 	// A longer request timeout makes room for a longer wait.
 	if _, err := Parse("router.yaml", []byte(validYAML+"shard_pool:\n  request_timeout: 20s\nrelay:\n  lease: 1m\nbuffering:\n  max_wait: 10s\n")); err != nil {
 		t.Errorf("max_wait 10s under request_timeout 20s: %v", err)

@@ -273,7 +273,6 @@ func withDefaults(path string, f *file) (*Config, []string) {
 			BackoffMax:   durOr(f.Relay.BackoffMax, time.Minute),
 			KeepSettled:  durOr(f.Relay.KeepSettled, 168*time.Hour),
 		},
-		Buffering: f.Buffering.withDefaults(),
 		HTTP: HTTP{
 			ReadHeaderTimeout: durOr(f.HTTP.ReadHeaderTimeout, 5*time.Second),
 			ReadTimeout:       durOr(f.HTTP.ReadTimeout, 15*time.Second),
@@ -284,6 +283,7 @@ func withDefaults(path string, f *file) (*Config, []string) {
 		TLS:   TLS{CertFile: rel(path, f.TLS.CertFile), KeyFile: rel(path, f.TLS.KeyFile), ClientCAFile: rel(path, f.TLS.ClientCAFile)},
 		Admin: Admin{Listen: f.Admin.Listen},
 	}
+	c.Buffering = f.Buffering.withDefaults(c.ShardPool.RequestTimeout)
 	var problems []string
 	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	switch iv := deref(f.Idempotency.PartitionInterval, "24h"); iv {
