@@ -180,11 +180,11 @@ const placeSQL = `CASE WHEN EXISTS (SELECT 1 FROM shardgate_owned_range r
             ELSE 'unowned' END`
 
 // legColumns are the columns of a ledger row as rowFrom scans them.
-const legColumns = `t.transfer_id, t.kind, t.account_id, t.counterparty_id, t.amount, t.currency,
+const legColumns = `t.transfer_id COLLATE "C", t.kind, t.account_id, t.counterparty_id, t.amount, t.currency,
        coalesce(t.reference, ''), t.client, t.created_at, t.keyspace_id, false, ` + placeSQL
 
 // owedColumns are those of an owed-credit row, in the same shape (kind 'owed').
-const owedColumns = `t.transfer_id, 'owed', t.src, t.dst, t.amount, t.currency,
+const owedColumns = `t.transfer_id COLLATE "C", 'owed', t.src, t.dst, t.amount, t.currency,
        coalesce(t.reference, ''), t.client, t.debited_at, t.keyspace_id, t.settled_at IS NOT NULL, ` + placeSQL
 
 // scanSQL streams a shard's rows in transfer id order (bytewise, as Go compares strings):
@@ -196,13 +196,13 @@ const (
  WHERE (t.kind = 'transfer_out' AND t.created_at < $1) OR (t.kind = 'transfer_in' AND t.created_at < $2)
 UNION ALL
 SELECT ` + owedColumns + ` FROM shardgate_credit_outbox t WHERE t.debited_at < $1
-ORDER BY 1 COLLATE "C", 2`
+ORDER BY 1, 2`
 	windowSQL = `SELECT ` + legColumns + ` FROM ledger_entries t
  WHERE (t.kind = 'transfer_out' AND t.created_at >= $3 AND t.created_at < $1)
     OR (t.kind = 'transfer_in' AND t.created_at >= $4 AND t.created_at < $2)
 UNION ALL
 SELECT ` + owedColumns + ` FROM shardgate_credit_outbox t WHERE t.debited_at >= $3 AND t.debited_at < $1
-ORDER BY 1 COLLATE "C", 2`
+ORDER BY 1, 2`
 )
 
 // row is one row of a shard as read: a leg, or an owed credit (owed; settled says whether its
