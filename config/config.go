@@ -28,6 +28,7 @@ type Config struct {
 	GroupCommit  GroupCommit
 	ReplayCache  ReplayCache
 	Relay        Relay
+	Reconcile    Reconcile
 	HTTP         HTTP
 	TLS          TLS
 	Admin        Admin
@@ -180,7 +181,8 @@ type file struct {
 		BackoffMax   *duration `yaml:"backoff_max"`
 		KeepSettled  *duration `yaml:"keep_settled"`
 	} `yaml:"relay"`
-	HTTP struct {
+	Reconcile reconcileFile `yaml:"reconcile"`
+	HTTP      struct {
 		ReadHeaderTimeout *duration `yaml:"read_header_timeout"`
 		ReadTimeout       *duration `yaml:"read_timeout"`
 		WriteTimeout      *duration `yaml:"write_timeout"`
@@ -289,6 +291,7 @@ func withDefaults(path string, f *file) (*Config, []string) {
 			BackoffMax:   durOr(f.Relay.BackoffMax, time.Minute),
 			KeepSettled:  durOr(f.Relay.KeepSettled, 168*time.Hour),
 		},
+		Reconcile: f.Reconcile.withDefaults(),
 		HTTP: HTTP{
 			ReadHeaderTimeout: durOr(f.HTTP.ReadHeaderTimeout, 5*time.Second),
 			ReadTimeout:       durOr(f.HTTP.ReadTimeout, 15*time.Second),
@@ -390,6 +393,7 @@ func (c *Config) validate() []string {
 	}
 	problems = append(problems, c.GroupCommit.validate(c.ShardPool)...)
 	problems = append(problems, c.Relay.validate(c.ShardPool.RequestTimeout)...)
+	problems = append(problems, c.Reconcile.validate()...)
 	return append(problems, c.validateListeners()...)
 }
 
