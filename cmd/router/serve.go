@@ -30,7 +30,7 @@ func serveOn(ctx context.Context, ln net.Listener, cfg *config.Config, m *shardm
 		return err
 	}
 	if cfg.Reconcile.Enabled {
-		// One router of the fleet at a time checks; it stops with ctx, before the pools close.
+		// One router of the fleet at a time checks; a check under way is cancelled with ctx.
 		go reconcile.NewWatcher(cfg, svc.Router, log, svc.Registry).Run(ctx)
 	}
 	return svc.Run(ctx, ln, ready)
