@@ -16,10 +16,6 @@ import (
 	"github.com/shardgate/shardgate/topology"
 )
 
-// LockWatch is the advisory lock id (in idem.LockClass) that the router running the periodic
-// check holds, for as long as it runs it, on the first shard of the map by name.
-const LockWatch = 4
-
 // Topologies is what the periodic check needs of the router it runs in.
 type Topologies interface {
 	// HoldTopology returns the current topology, held until its Release.
@@ -139,7 +135,7 @@ func (w *Watcher) lead(ctx context.Context, m *shardmap.Map) bool {
 	conn, err := pool.Acquire(ctx)
 	var locked bool
 	if err == nil {
-		err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", idem.LockClass, LockWatch).Scan(&locked)
+		err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", idem.LockClass, idem.LockWatch).Scan(&locked)
 	}
 	if err != nil || !locked {
 		if err != nil {
