@@ -102,8 +102,8 @@ func TestReconcileCommand(t *testing.T) {
 
 	debitOnA(t, srv.DSN(), "t-lost")
 	status, stdout, stderr := reconcileStatus(path)
-	if status != 1 || !strings.Contains(stdout, "missing credit: 1") || !strings.Contains(stdout, "t-lost") {
-		t.Errorf("reconcile with a lost credit: status %d, stdout %q; want 1, the credit listed", status, stdout)
+	if status != 1 || !strings.Contains(stdout, "missing credit: 1") || !strings.Contains(stdout, "t-lost") || !strings.Contains(stderr, "discrepancies") {
+		t.Errorf("reconcile with a lost credit: status %d, stdout %q, stderr %q; want 1, the credit listed", status, stdout, stderr)
 	}
 	repair := func() (int, string) {
 		var out, errOut bytes.Buffer
