@@ -14,8 +14,8 @@ import (
 
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/internal/pgtest"
+	"github.com/shardgate/shardgate/internal/pgtest/shardtest"
 	"github.com/shardgate/shardgate/internal/testkit"
-	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/shardmap"
 )
 
@@ -26,26 +26,14 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 type cluster struct {
 	t     *testing.T
 	m     *shardmap.Map
-	pools map[string]*pgxpool.Pool
+	pools shardtest.Pools
 }
 
 // newCluster makes a shard for every shard of the map of version v with owners (see mapOf)
 // and grants each its ranges.
 func newCluster(t *testing.T, v int64, owners string) *cluster {
-	c := &cluster{t: t, pools: map[string]*pgxpool.Pool{}}
 	m := mapOf(t, v, owners)
-	for _, s := range m.Shards {
-		pool := pgtest.NewDB(t, s.Name+"_")
-		if _, err := idem.Migrate(context.Background(), pool); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := idem.EnsurePartitions(context.Background(), pool, partition.Daily, time.Now(), 1); err != nil {
-			t.Fatal(err)
-		}
-		c.pools[s.Name] = pool
-	}
-	c.grant(m)
-	return c
+	return &cluster{t: t, m: m, pools: shardtest.ForMap(t, m)}
 }
 
 // mapOf parses a map of version v; owners is as testkit.ShardMap's.
@@ -58,12 +46,7 @@ func mapOf(t *testing.T, v int64, owners string) *shardmap.Map {
 // give it stays, inactive, as moving) and makes m the map the cluster is checked against.
 func (c *cluster) grant(m *shardmap.Map) {
 	c.t.Helper()
-	for _, s := range m.Shards {
-		o := idem.Ownership{Shard: s.Name, MapVersion: m.Version, Ranges: m.Ownership()[s.Name]}
-		if err := idem.ApplyOwnership(context.Background(), c.pools[s.Name], o, idem.Grant); err != nil {
-			c.t.Fatal(err)
-		}
-	}
+	c.pools.Grant(c.t, m)
 	c.m = m
 }
 
