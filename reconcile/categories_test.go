@@ -10,14 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
-	"github.com/shardgate/shardgate/internal/pgtest"
+	"github.com/shardgate/shardgate/internal/pgtest/shardtest"
 	"github.com/shardgate/shardgate/internal/testkit"
-	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/relay"
 	"github.com/shardgate/shardgate/shardmap"
 	"github.com/shardgate/shardgate/topology"
@@ -28,7 +26,7 @@ import (
 type bank struct {
 	t         *testing.T
 	m         *shardmap.Map
-	pools     map[string]*pgxpool.Pool // the test's own connections
+	pools     shardtest.Pools // the test's own connections
 	topo      *topology.Topology
 	relay     *relay.Relay
 	transfers map[string][3]int64 // id -> src, dst, amount
@@ -36,25 +34,9 @@ type bank struct {
 
 func newBank(t *testing.T) *bank {
 	t.Helper()
-	ctx := context.Background()
-	b := &bank{t: t, pools: map[string]*pgxpool.Pool{}, transfers: map[string][3]int64{}}
-	for _, name := range []string{"sa", "sb", "sc"} {
-		pool := pgtest.NewDB(t, name+"_")
-		if _, err := idem.Migrate(ctx, pool); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := idem.EnsurePartitions(ctx, pool, partition.Daily, time.Now(), 1); err != nil {
-			t.Fatal(err)
-		}
-		b.pools[name] = pool
-	}
+	b := &bank{t: t, pools: shardtest.New(t, "sa", "sb", "sc"), transfers: map[string][3]int64{}}
 	b.m = testkit.ShardMap(t, 1, "sa=-55 sb=55-aa sc=aa-", func(name string) string { return b.pools[name].Config().ConnString() })
-	for _, s := range b.m.Shards {
-		o := idem.Ownership{Shard: s.Name, MapVersion: b.m.Version, Ranges: b.m.Ownership()[s.Name]}
-		if err := idem.ApplyOwnership(ctx, b.pools[s.Name], o, idem.Grant); err != nil {
-			t.Fatal(err)
-		}
-	}
+	b.pools.Grant(t, b.m)
 	cfg, err := config.Parse("router.yaml", []byte("auth:\n  mode: none\n"))
 	if err != nil {
 		t.Fatal(err)
@@ -72,17 +54,6 @@ type fixedTopology struct{ t *topology.Topology }
 
 func (f fixedTopology) HoldTopology() *topology.Topology { f.t.Hold(); return f.t }
 func (f fixedTopology) ReloadAtLeast(int64) bool         { return true }
-
-// acct returns the n-th account (from 1) the map places on shard.
-func (b *bank) acct(shard string, n int) int64 {
-	for a := int64(1); ; a++ {
-		if b.m.Route(a).Shard == shard {
-			if n--; n == 0 {
-				return a
-			}
-		}
-	}
-}
 
 // pay applies a transfer's debit on its source's shard, as the router does; a credit across
 // shards is then owed until the relay delivers it.
@@ -204,7 +175,7 @@ func only(t *testing.T, r Report, k Kind) Discrepancy {
 // reported at once (no age threshold), exactly, on the shard where the row is.
 func TestCategoriesPlantedByHand(t *testing.T) {
 	b := newBank(t)
-	a1, a2, b1, b2, c1, c2 := b.acct("sa", 1), b.acct("sa", 2), b.acct("sb", 1), b.acct("sb", 2), b.acct("sc", 1), b.acct("sc", 2)
+	a1, a2, b1, b2, c1, c2 := account(b.m, "sa", 1), account(b.m, "sa", 2), account(b.m, "sb", 1), account(b.m, "sb", 2), account(b.m, "sc", 1), account(b.m, "sc", 2)
 	b.pay("t-settled-gone", a1, b1, 100)
 	b.pay("t-both-gone", b1, c1, 200)
 	b.pay("t-dup-foreign", a2, b2, 30)
@@ -286,7 +257,7 @@ func TestCategoriesPlantedByHand(t *testing.T) {
 // credit without debit is reported and never given an invented debit.
 func TestRepairThenRelay(t *testing.T) {
 	b := newBank(t)
-	a1, a2, b1, c1 := b.acct("sa", 1), b.acct("sa", 2), b.acct("sb", 1), b.acct("sc", 1)
+	a1, a2, b1, c1 := account(b.m, "sa", 1), account(b.m, "sa", 2), account(b.m, "sb", 1), account(b.m, "sc", 1)
 	b.pay("t-settled-gone", a1, b1, 100)
 	b.pay("t-both-gone", b1, c1, 200)
 	b.pay("t-local-gone", a1, a2, 300)

@@ -65,7 +65,7 @@ func (w testWatcher) value(t *testing.T, name string, label ...string) (float64,
 func TestWatcherOneRouterChecks(t *testing.T) {
 	b := newBank(t)
 	ctx := context.Background()
-	a1, b1 := b.acct("sa", 1), b.acct("sb", 1)
+	a1, b1 := account(b.m, "sa", 1), account(b.m, "sb", 1)
 	b.pay("t-1", a1, b1, 10)
 	b.deliver()
 	first, second := b.watcher(), b.watcher()

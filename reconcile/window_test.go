@@ -22,7 +22,7 @@ func (b *bank) backdateAll(d time.Duration, ids ...string) {
 // whose debit is older still is not the window's, and is not counted.
 func TestWindow(t *testing.T) {
 	b := newBank(t)
-	a1, b1, c1 := b.acct("sa", 1), b.acct("sb", 1), b.acct("sc", 1)
+	a1, b1, c1 := account(b.m, "sa", 1), account(b.m, "sb", 1), account(b.m, "sc", 1)
 	b.pay("t-old-gone", a1, b1, 10)
 	b.pay("t-straddling", b1, c1, 20)
 	b.pay("t-recent", c1, a1, 30)
