@@ -242,7 +242,7 @@ func TestCategoriesPlantedByHand(t *testing.T) {
 	for _, want := range []string{
 		"missing credit: 2", "its owed-credit row on sa says settled", "no owed-credit row",
 		fmt.Sprintf("to reverse: debit account %d by 60 EUR on sb", b1),
-		fmt.Sprintf("extra copy under keyspace id %d (unowned on sb)", shardmap.KeyspaceID(a1)),
+		fmt.Sprintf("extra copy under keyspace id %016x (unowned on sb)", shardmap.KeyspaceID(a1)),
 		"leg counted twice: 2", "result: 7 discrepancies",
 	} {
 		if !strings.Contains(out, want) {

@@ -140,7 +140,7 @@ func (r Report) Clean() bool { return r.Discrepancies() == 0 }
 // Print writes the report for people: totals per currency, the oldest pending credit, and each
 // kind of discrepancy with its count and at most MaxListed examples.
 func (r Report) Print(w io.Writer) {
-	scope := "the whole history"
+	scope := "the whole history before"
 	if r.Window > 0 {
 		scope = "transfers debited in the " + r.Window.String() + " before"
 	}
@@ -203,11 +203,11 @@ func what(d Discrepancy) string {
 		return fmt.Sprintf("credit belongs on %s; no owed-credit row (--repair owes it again)", d.Owner)
 	case OrphanCredit:
 		l := d.Leg
-		return fmt.Sprintf("to reverse: debit account %d by %d %s on %s (credit key %q of client %q, reference %q, keyspace id %d)",
+		return fmt.Sprintf("to reverse: debit account %d by %d %s on %s (credit key %q of client %q, reference %q, keyspace id %016x)",
 			l.Dst, l.Amount, l.Currency, l.Shard, l.TransferID, l.Client, l.Reference, l.KeyspaceID)
 	case Duplicate:
 		o := d.Other
-		return fmt.Sprintf("extra copy under keyspace id %d (%s on %s); the copy that counts is on %s",
+		return fmt.Sprintf("extra copy under keyspace id %016x (%s on %s); the copy that counts is on %s",
 			d.Leg.KeyspaceID, d.Leg.Place, d.Leg.Shard, o.Shard)
 	case Mismatch:
 		o := d.Other
