@@ -1,4 +1,4 @@
-// Package reconcile checks, read-only, that the ledgers of the shards of a shard map add up:
+// Package reconcile checks that the ledgers of the shards of a shard map add up (Run, read-only):
 // every debit has its credit, no credit exists without its debit, the two legs of a transfer
 // agree, no leg exists twice anywhere, and per currency the debits equal the credits plus the
 // credits still owed. It is `router reconcile` and the periodic check of `router serve`; Repair
@@ -29,11 +29,15 @@
 // Memory. Each shard streams its rows in transfer id order, all shards at once, and the streams
 // are merged, so one transfer's rows are judged together and then dropped: the check holds a
 // row per shard, totals per currency, the MaxListed oldest discrepancies of each kind, and the
-// missing credits (all of them: Repair needs every one). A shard's snapshot is held for as long
+// legs left unpaired until they are read again: the missing credits (all of them: Repair needs
+// every one) and the credits without debit. A shard's snapshot is held for as long
 // as its rows take to stream, which holds back vacuum there meanwhile.
 //
 // The window. Options.Window limits the check to the transfers debited in the window before the
 // check, read through indexes on the rows' times, so that it can run every few minutes.
+// Credits are read from creditMargin earlier, so that a debit near the window's start finds its
+// credit whatever the two shards' clocks say; such an early credit whose debit is not in the
+// window is not the window's, and is left out.
 package reconcile
 
 import (
