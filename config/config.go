@@ -28,6 +28,7 @@ type Config struct {
 	GroupCommit  GroupCommit
 	ReplayCache  ReplayCache
 	Relay        Relay
+	Reconcile    Reconcile
 	Buffering    Buffering
 	HTTP         HTTP
 	TLS          TLS
@@ -175,6 +176,7 @@ type file struct {
 		BackoffMax   *duration `yaml:"backoff_max"`
 		KeepSettled  *duration `yaml:"keep_settled"`
 	} `yaml:"relay"`
+	Reconcile reconcileFile `yaml:"reconcile"`
 	Buffering bufferingFile `yaml:"buffering"`
 	HTTP      struct {
 		ReadHeaderTimeout *duration `yaml:"read_header_timeout"`
@@ -273,6 +275,7 @@ func withDefaults(path string, f *file) (*Config, []string) {
 			BackoffMax:   durOr(f.Relay.BackoffMax, time.Minute),
 			KeepSettled:  durOr(f.Relay.KeepSettled, 168*time.Hour),
 		},
+		Reconcile: f.Reconcile.withDefaults(),
 		HTTP: HTTP{
 			ReadHeaderTimeout: durOr(f.HTTP.ReadHeaderTimeout, 5*time.Second),
 			ReadTimeout:       durOr(f.HTTP.ReadTimeout, 15*time.Second),
@@ -375,6 +378,7 @@ func (c *Config) validate() []string {
 	}
 	problems = append(problems, c.GroupCommit.validate(c.ShardPool)...)
 	problems = append(problems, c.Relay.validate(c.ShardPool.RequestTimeout)...)
+	problems = append(problems, c.Reconcile.validate()...)
 	problems = append(problems, c.Buffering.validate(c.ShardPool)...)
 	return append(problems, c.validateListeners()...)
 }

@@ -49,6 +49,7 @@ const (
 	LockOwnership = 1 // taken shared by every transfer, exclusively by ownership changes
 	LockUpkeep    = 2
 	LockApply     = 3 // held by a shard map apply on every shard for its whole run
+	LockWatch     = 4 // held on the map's first shard by the router that runs the periodic reconcile
 )
 
 // Seeds of hashtextextended for the per-key try-locks of the transfer functions (and of the copy of

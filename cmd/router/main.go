@@ -30,8 +30,9 @@ commands:
   shardmap diff OLD NEW                  show what changes between two maps
   shardmap apply --config router.yaml [--dry-run]
                                          make the shards own the map's ranges (revoke, move rows, grant)
-  reconcile --config router.yaml [--older-than 1h]
-                                         read-only check that the shards' ledgers add up (exit status 1 if not)
+  reconcile --config router.yaml [--since 1h] [--repair]
+                                         check that the shards' ledgers add up (exit status 1 if not); --repair
+                                         makes missing credits owed again
   dev [--shards N] [--listen ADDR] [--dir DIR]
                                          local sandbox: PostgreSQL shards as local processes, migrated, served;
                                          with --dir the sandbox (data and edited shard map) is kept across runs

@@ -200,7 +200,8 @@ func TestRulesAreCompleteAndNameExportedMetrics(t *testing.T) {
 	}
 	// What must be alerted on: upkeep behind, no future partition, drops not happening, a
 	// jump of the replay rate, credits owed too long, credit delivery conflicts, stalling groups,
-	// requests for a moving range answered 503.
+	// a ledger discrepancy, a reconcile that no longer completes, requests for a moving range
+	// answered 503.
 	for _, n := range []string{
 		"shardgate_upkeep_last_success_timestamp_seconds",
 		"shardgate_idempotency_future_partitions",
@@ -209,6 +210,8 @@ func TestRulesAreCompleteAndNameExportedMetrics(t *testing.T) {
 		"shardgate_credit_oldest_owed_age_seconds",
 		"shardgate_credit_deliveries_total",
 		"shardgate_group_commit_stalls_total",
+		"shardgate_reconcile_discrepancies",
+		"shardgate_reconcile_last_success_timestamp_seconds",
 		"shardgate_buffered_requests_total",
 	} {
 		if len(alertsUsing[n]) == 0 {

@@ -652,7 +652,7 @@ func balance(ctx context.Context, httpc *http.Client, url string, account int64)
 // more, a debit of any age without its credit is a discrepancy.
 func checkReconcile(ctx context.Context, t *testing.T, m *shardmap.Map, pools map[string]*pgxpool.Pool) {
 	t.Helper()
-	rep, err := reconcile.Run(ctx, m, func(s string) *pgxpool.Pool { return pools[s] }, reconcile.Options{OlderThan: 0})
+	rep, err := reconcile.Run(ctx, m, func(s string) *pgxpool.Pool { return pools[s] }, reconcile.Options{})
 	if err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}
