@@ -217,17 +217,17 @@ func (s *Server) tryOnce(ctx context.Context, req idem.TransferRequest) attempt 
 	return a
 }
 
-// tryIn runs req on its range's owner in topo. An owner that refuses it while following an
-// older map than topo's has not been granted topo's map yet: the range may be moving to it, and
+// tryIn runs req on its range's owner in topo. An owner that refuses it without following a
+// newer map than topo's has not been granted the range yet: the range may be moving to it, and
 // while the range's rows are copied its owner in the previous map still holds it and applies
 // it. So req goes there too. The shards' ownership checks let at most one of the two apply it;
 // a retry later replays from whichever did, the new owner holding a copy of what the old one
-// stored once it is granted the range.
+// stored once it is granted the range. (A refusal from a newer map is tryOnce's: it reloads.)
 func (s *Server) tryIn(ctx context.Context, topo *topology.Topology, req idem.TransferRequest) attempt {
 	owner, _ := topo.Map.ShardFor(req.KeyspaceID)
 	name, res, err := s.transferAt(ctx, topo, owner, req)
 	a := attempt{shard: name, version: topo.Map.Version, res: res, err: err}
-	if !a.refused() || res.ShardMapVersion >= a.version {
+	if !a.refused() || res.ShardMapVersion > a.version {
 		return a
 	}
 	prev := s.prevMap.Load()
