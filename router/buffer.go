@@ -220,36 +220,98 @@ func (s *Server) tryOnce(ctx context.Context, req idem.TransferRequest) attempt 
 // tryIn runs req on its range's owner in topo. An owner that refuses it without following a
 // newer map than topo's has not been granted the range yet: the range may be moving to it, and
 // while the range's rows are copied its owner in the previous map still holds it and applies
-// it. So req goes there too. The shards' ownership checks let at most one of the two apply it;
-// a retry later replays from whichever did, the new owner holding a copy of what the old one
-// stored once it is granted the range. (A refusal from a newer map is tryOnce's: it reloads.)
+// it. So req goes there too, and the range's next requests go there first (prevFirst) until it
+// refuses them in turn. The shards' ownership checks let at most one of the two apply a
+// request; a retry later replays from whichever did, the new owner holding a copy of what the
+// old one stored once it is granted the range. (A refusal from a newer map is tryOnce's: it
+// reloads.)
 func (s *Server) tryIn(ctx context.Context, topo *topology.Topology, req idem.TransferRequest) attempt {
-	owner, _ := topo.Map.ShardFor(req.KeyspaceID)
+	owner, kr := topo.Map.ShardFor(req.KeyspaceID)
+	version := topo.Map.Version
+	old := s.previousOwner(topo, req.KeyspaceID, owner)
+	triedOld := false
+	if old != nil && s.prevFirst.fresh(kr.Lo(), time.Now()) {
+		name, res, err := s.transferAt(ctx, topo, old, req)
+		if b := (attempt{shard: name, version: version, res: res, err: err}); !b.refused() {
+			return b
+		}
+		s.prevFirst.forget(kr.Lo()) // the fence has begun, or the move is over
+		triedOld = true
+	}
 	name, res, err := s.transferAt(ctx, topo, owner, req)
-	a := attempt{shard: name, version: topo.Map.Version, res: res, err: err}
-	if !a.refused() || res.ShardMapVersion > a.version {
-		return a
-	}
-	prev := s.prevMap.Load()
-	if prev == nil || prev.Version >= a.version {
-		return a
-	}
-	was, _ := prev.ShardFor(req.KeyspaceID)
-	old := topo.Map.Shard(was.Name)
-	if old == nil || old.Name == owner.Name {
+	a := attempt{shard: name, version: version, res: res, err: err}
+	if !a.refused() || res.ShardMapVersion > version || old == nil || triedOld {
 		return a
 	}
 	name, res, err = s.transferAt(ctx, topo, old, req)
-	if b := (attempt{shard: name, version: a.version, res: res, err: err}); !b.refused() || res.ShardMapVersion > a.version {
+	if b := (attempt{shard: name, version: version, res: res, err: err}); !b.refused() || res.ShardMapVersion > version {
+		if !b.refused() {
+			s.prevFirst.remember(kr.Lo(), time.Now())
+		}
 		return b
 	}
 	return a
+}
+
+// previousOwner is the shard of topo that owned keyspace id ks in the map served before topo's,
+// if that is another shard than owner; nil otherwise.
+func (s *Server) previousOwner(topo *topology.Topology, ks uint64, owner *shardmap.Shard) *shardmap.Shard {
+	prev := s.prevMap.Load()
+	if prev == nil || prev.Version >= topo.Map.Version {
+		return nil
+	}
+	was, _ := prev.ShardFor(ks)
+	if was == nil || was.Name == owner.Name {
+		return nil
+	}
+	return topo.Map.Shard(was.Name)
+}
+
+// prevFirstFor is how long a range's requests go to its previous owner first after that owner
+// applied one its new owner refused. Its refusal ends it sooner.
+const prevFirstFor = time.Second
+
+// rangeHints remembers, by the start of a key range of the current map, until when the range's
+// requests go to its previous owner first: while its rows are copied, the new owner would only
+// refuse them, taking a turn of its group commit from the ranges it does own.
+type rangeHints struct {
+	mu    sync.Mutex
+	until map[uint64]time.Time
+}
+
+func (h *rangeHints) fresh(lo uint64, now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return now.Before(h.until[lo])
+}
+
+func (h *rangeHints) remember(lo uint64, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.until == nil {
+		h.until = map[uint64]time.Time{}
+	}
+	h.until[lo] = now.Add(prevFirstFor)
+}
+
+func (h *rangeHints) forget(lo uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.until, lo)
+}
+
+// reset forgets every hint: they speak of the ranges of a map no longer served.
+func (h *rangeHints) reset() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	clear(h.until)
 }
 
 // mapSwapped records prev, the map served until now, and lets every held request go to its
 // range's owner in the new map.
 func (s *Server) mapSwapped(prev *shardmap.Map) {
 	s.prevMap.Store(prev)
+	s.prevFirst.reset()
 	s.buffer.mapChanged()
 }
 

@@ -525,8 +525,15 @@ func TestBufferNewMapBeforeFenceUsesOldOwner(t *testing.T) {
 	if res, err := r.Reload(c.mapPath); res != ReloadApplied {
 		t.Fatalf("reload: %s %v", res, err)
 	}
-	first := r.postAll(keys("copying", len(moving)), moving)()
+	var first []answer
+	for i, k := range keys("copying", len(moving)) {
+		first = append(first, r.post(context.Background(), k, moving[i]))
+	}
 	want201(t, first, false)
+	// The new owner refused the first; the others went to the old owner first.
+	if n := value(r.metrics.shardTime.WithLabelValues("sb", string(idem.NotOwner)).(prometheus.Histogram)); n != 1 {
+		t.Errorf("the new owner refused %v requests, want the first only", n)
+	}
 	for i, a := range first {
 		if id := transferID(a.key, moving[i]); c.debits("sa", id) != 1 || c.debits("sb", id) != 0 {
 			t.Errorf("key %s: not applied once on the old owner", a.key)

@@ -45,8 +45,9 @@ type Server struct {
 	owed     func() // called when a debit leaves its credit owed; set by OnCreditOwed
 
 	// For requests whose key range is moving (buffer.go).
-	buffer  *rangeBuffer                 // nil when buffering is off
-	prevMap atomic.Pointer[shardmap.Map] // the map served before the current one, if any
+	buffer    *rangeBuffer                 // nil when buffering is off
+	prevMap   atomic.Pointer[shardmap.Map] // the map served before the current one, if any
+	prevFirst rangeHints                   // ranges whose previous owner is asked first
 }
 
 // OnCreditOwed makes the server call f each time a debit applies and leaves its credit owed
