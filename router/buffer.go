@@ -275,14 +275,23 @@ const prevFirstFor = time.Second
 // requests go to its previous owner first: while its rows are copied, the new owner would only
 // refuse them, taking a turn of its group commit from the ranges it does own.
 type rangeHints struct {
+	n     atomic.Int64 // len(until), read without the lock
 	mu    sync.Mutex
 	until map[uint64]time.Time
 }
 
 func (h *rangeHints) fresh(lo uint64, now time.Time) bool {
+	if h.n.Load() == 0 {
+		return false
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return now.Before(h.until[lo])
+	until, ok := h.until[lo]
+	if ok && !now.Before(until) {
+		delete(h.until, lo)
+		h.n.Store(int64(len(h.until)))
+	}
+	return now.Before(until)
 }
 
 func (h *rangeHints) remember(lo uint64, now time.Time) {
@@ -292,12 +301,14 @@ func (h *rangeHints) remember(lo uint64, now time.Time) {
 		h.until = map[uint64]time.Time{}
 	}
 	h.until[lo] = now.Add(prevFirstFor)
+	h.n.Store(int64(len(h.until)))
 }
 
 func (h *rangeHints) forget(lo uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	delete(h.until, lo)
+	h.n.Store(int64(len(h.until)))
 }
 
 // reset forgets every hint: they speak of the ranges of a map no longer served.
@@ -305,6 +316,7 @@ func (h *rangeHints) reset() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	clear(h.until)
+	h.n.Store(0)
 }
 
 // mapSwapped records prev, the map served until now, and lets every held request go to its
