@@ -11,10 +11,11 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/debug"
+	"runtime"
 	"syscall"
 
 	"github.com/shardgate/shardgate/config"
+	"github.com/shardgate/shardgate/internal/buildinfo"
 	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/shardmap"
 )
@@ -40,9 +41,12 @@ commands:
 Run 'router <command> --help' for a command's flags.
 `
 
-// version is the release, set with -ldflags "-X main.version=v1.2.3"; otherwise the module
-// version or VCS revision the binary was built from.
+// version is the release, set with -ldflags "-X main.version=v1.2.3" (make build and
+// scripts/release.sh take it from the git tag). Empty, the module version of `go install
+// …@v1.2.3` stands in (internal/buildinfo).
 var version = ""
+
+func init() { buildinfo.Release = version }
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -89,7 +93,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "dev":
 		err = dev(ctx, rest, stdout, log)
 	case "version", "--version":
-		fmt.Fprintln(stdout, "router", buildVersion())
+		fmt.Fprintf(stdout, "router %s (%s %s/%s)\n", buildinfo.Version(), buildinfo.GoVersion(), runtime.GOOS, runtime.GOARCH)
 		return 0
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
@@ -149,22 +153,4 @@ func withConfig(cmd string, args []string, stdout io.Writer, fn func(*config.Con
 		return err
 	}
 	return fn(cfg, m)
-}
-
-// buildVersion is version, or what the Go toolchain recorded about the build.
-func buildVersion() string {
-	if version != "" {
-		return version
-	}
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "(unknown)"
-	}
-	v := info.Main.Version
-	for _, s := range info.Settings {
-		if s.Key == "vcs.revision" {
-			v += " " + s.Value
-		}
-	}
-	return v + " " + info.GoVersion
 }
