@@ -36,6 +36,7 @@ commands:
   dev [--shards N] [--listen ADDR] [--dir DIR]
                                          local sandbox: PostgreSQL shards as local processes, migrated, served;
                                          with --dir the sandbox (data and edited shard map) is kept across runs
+  token new --name NAME                  a new client token, and the router.yaml lines with its hash
   version                                print the build's version
 
 Run 'router <command> --help' for a command's flags.
@@ -92,6 +93,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = reconcileCommand(ctx, rest, stdout)
 	case "dev":
 		err = dev(ctx, rest, stdout, log)
+	case "token":
+		err = tokenCommand(rest, stdout)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "router %s (%s %s/%s)\n", buildinfo.Version(), buildinfo.GoVersion(), runtime.GOOS, runtime.GOARCH)
 		return 0
