@@ -79,6 +79,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		})
 	case "migrate":
 		err = withConfig(cmd, rest, stdout, func(cfg *config.Config, m *shardmap.Map) error {
+			if err := reachShards(ctx, cfg, m); err != nil {
+				return err
+			}
 			return service.Migrate(ctx, cfg, m, stdout)
 		})
 	case "maintain":
@@ -153,7 +156,7 @@ func withConfig(cmd string, args []string, stdout io.Writer, fn func(*config.Con
 	}
 	cfg, m, err := service.Load(*path)
 	if err != nil {
-		return err
+		return missingConfig(*path, err)
 	}
 	return fn(cfg, m)
 }
