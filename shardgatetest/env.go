@@ -92,9 +92,9 @@ type Env struct {
 	Token string
 
 	set     *ShardSet
-	router  ContainerRouter  // the Docker backend's router
-	logs    *tailBuffer      // the local backend's router log
-	closers []func() error   // run last to first by Close
+	router  ContainerRouter // the Docker backend's router
+	logs    *tailBuffer     // the local backend's router log
+	closers []func() error  // run last to first by Close
 }
 
 // Start starts o.Shards shards and a router in front of them, on the backend o chooses, and
