@@ -2,10 +2,7 @@
 // /healthz answer and the router image's labels all report Version.
 package buildinfo
 
-import (
-	"runtime/debug"
-	"strings"
-)
+import "runtime/debug"
 
 // Release is the version the binary was released as: the router command sets it from its
 // link-time version (-ldflags "-X main.version=v1.2.3", which `make build` and the release
@@ -54,29 +51,4 @@ func GoVersion() string {
 		return info.GoVersion
 	}
 	return "unknown"
-}
-
-// Valid reports whether v looks like a release version: v, then three dot-separated numbers,
-// then optionally a pre-release or build suffix (v1.2.3, v0.2.0-rc.1).
-func Valid(v string) bool {
-	core, ok := strings.CutPrefix(v, "v")
-	if !ok {
-		return false
-	}
-	if i := strings.IndexAny(core, "-+"); i >= 0 {
-		if i == len(core)-1 {
-			return false
-		}
-		core = core[:i]
-	}
-	parts := strings.Split(core, ".")
-	if len(parts) != 3 {
-		return false
-	}
-	for _, p := range parts {
-		if p == "" || strings.Trim(p, "0123456789") != "" || (len(p) > 1 && p[0] == '0') {
-			return false
-		}
-	}
-	return true
 }

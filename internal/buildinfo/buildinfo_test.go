@@ -28,14 +28,3 @@ func TestVersion(t *testing.T) {
 		}
 	}
 }
-
-func TestValid(t *testing.T) {
-	for v, want := range map[string]bool{
-		"v0.1.0": true, "v1.22.333": true, "v0.2.0-rc.1": true, "v1.0.0+build.5": true,
-		"0.1.0": false, "v1.2": false, "v1.2.3.4": false, "v01.2.3": false, "v1.2.3-": false, "vx.y.z": false, "": false,
-	} {
-		if got := Valid(v); got != want {
-			t.Errorf("Valid(%q) = %t, want %t", v, got, want)
-		}
-	}
-}
