@@ -328,7 +328,7 @@ func clients(f *file, problems []string) ([]Client, []string) {
 		seen[cl.Name] = true
 		sum, ok := sha256Hex(cl.TokenSHA256)
 		if !ok {
-			bad("auth.clients[%d].token_sha256: must be 64 hex digits, the SHA-256 of the token (printf %%s \"$TOKEN\" | sha256sum)", i)
+			bad("auth.clients[%d].token_sha256: must be 64 hex digits, the SHA-256 of the token (router token new --name NAME prints a token and its line)", i)
 			continue
 		}
 		out = append(out, Client{Name: cl.Name, TokenSHA256: sum})
@@ -359,7 +359,7 @@ func (c *Config) validate() []string {
 	case "none":
 	case "tokens":
 		if len(c.Auth.Clients) == 0 {
-			bad("auth.clients: mode tokens needs at least one client (name, token_sha256)")
+			bad("auth.clients: mode tokens needs at least one client (name, token_sha256): create one with router token new --name NAME, or for a local try set auth.mode: none")
 		}
 	default:
 		bad("auth.mode: %q must be tokens or none", c.Auth.Mode)
