@@ -261,10 +261,27 @@ func (s *Server) previousOwner(topo *topology.Topology, ks uint64, owner *shardm
 		return nil
 	}
 	was, _ := prev.ShardFor(ks)
-	if was == nil || was.Name == owner.Name {
+	if was == nil || owner == nil || was.Name == owner.Name {
 		return nil
 	}
 	return topo.Map.Shard(was.Name)
+}
+
+// onPreviousOwner runs fn, a read, on the shard of topo that owned keyspace id ks in the previous
+// map, when that is another shard than owner, the one that just failed to answer it (it does not
+// hold the range's rows yet): while a range's rows are copied, its previous owner holds them.
+// ok is false when there is no such shard.
+func (s *Server) onPreviousOwner(topo *topology.Topology, ks uint64, owner string, fn func(*topology.Shard) error) (shard string, ok bool, err error) {
+	old := s.previousOwner(topo, ks, topo.Map.Shard(owner))
+	if old == nil {
+		return owner, false, nil
+	}
+	conn := topo.Shard(old.Name)
+	if err := conn.Enter(); err != nil {
+		return old.Name, true, err
+	}
+	defer conn.Leave()
+	return old.Name, true, fn(conn)
 }
 
 // prevFirstFor is how long a range's requests go to its previous owner first after that owner

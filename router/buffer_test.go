@@ -172,6 +172,13 @@ func (r *bufRouter) post(ctx context.Context, key string, src int64) answer {
 	return answer{key: key, rec: rec, took: time.Since(start)}
 }
 
+// get reads target from r.
+func (r *bufRouter) get(target string) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	r.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, target, nil))
+	return rec
+}
+
 // postAll posts every key (from the account at the same index) concurrently and returns the
 // answers through a function that waits for them.
 func (r *bufRouter) postAll(keys []string, srcs []int64) func() []answer {
@@ -544,6 +551,16 @@ func TestBufferNewMapBeforeFenceUsesOldOwner(t *testing.T) {
 	}
 	if r.ended(bufSent)+r.ended(bufTimeout) != 0 {
 		t.Errorf("requests were held while the old owner still held the range")
+	}
+	// What was just written reads back, from the old owner, which holds the range's rows.
+	for _, a := range first {
+		g := r.get(a.rec.Header().Get("Location"))
+		if g.Code != http.StatusOK || !strings.Contains(g.Body.String(), `"amount":100`) {
+			t.Errorf("GET %s while the range is copied: %d %s", a.rec.Header().Get("Location"), g.Code, g.Body)
+		}
+	}
+	if g := r.get(fmt.Sprintf("/accounts/%d/balance", moving[0])); g.Code != http.StatusOK || !strings.Contains(g.Body.String(), `"debits":100`) {
+		t.Errorf("balance of account %d while its range is copied: %d %s", moving[0], g.Code, g.Body)
 	}
 	c.finish(m2)
 	fresh := c.router("replay_cache:\n  max_entries: 0\n")

@@ -33,10 +33,16 @@ func (s *Server) getTransfer(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ShardPool.RequestTimeout)
 	defer cancel()
 	var t idem.LedgerTransfer
-	shard, err := onShard(topo, ksid, func(sh *topology.Shard) (err error) {
+	get := func(sh *topology.Shard) (err error) {
 		t, err = idem.GetTransfer(ctx, sh.Pool, id, client)
 		return err
-	})
+	}
+	shard, err := onShard(topo, ksid, get)
+	if errors.Is(err, idem.ErrNotFound) {
+		if prev, ok, perr := s.onPreviousOwner(topo, ksid, shard, get); ok && !errors.Is(perr, idem.ErrNotFound) {
+			shard, err = prev, perr
+		}
+	}
 	if err == nil && t.Credit == idem.CreditUnknown {
 		var settled bool
 		shard, err = onShard(topo, shardmap.KeyspaceID(t.Dst), func(sh *topology.Shard) (err error) {
@@ -115,10 +121,17 @@ func (s *Server) getBalance(w http.ResponseWriter, r *http.Request) {
 	read := func() (string, error) {
 		topo := s.HoldTopology()
 		defer topo.Release()
-		return onShard(topo, ksid, func(sh *topology.Shard) (err error) {
+		get := func(sh *topology.Shard) (err error) {
 			balances, version, err = idem.Balance(ctx, sh.Pool, acct, ksid)
 			return err
-		})
+		}
+		shard, err := onShard(topo, ksid, get)
+		if errors.Is(err, idem.ErrNotOwned) && version <= topo.Map.Version {
+			if prev, ok, perr := s.onPreviousOwner(topo, ksid, shard, get); ok && !errors.Is(perr, idem.ErrNotOwned) {
+				return prev, perr
+			}
+		}
+		return shard, err
 	}
 	shard, err := read()
 	if errors.Is(err, idem.ErrNotOwned) && version > s.Topology().Map.Version && s.ReloadAtLeast(version) {
