@@ -73,6 +73,7 @@ func (t *Topology) Retire(next *Topology) {
 type Shard struct {
 	Pool  *pgxpool.Pool
 	slots chan struct{}
+	state *shardState
 }
 
 // ErrShardBusy means every slot of the shard is taken.
@@ -118,12 +119,13 @@ func Open(m *shardmap.Map, prev *Topology, sp config.ShardPool) (*Topology, erro
 				continue
 			}
 		}
-		pool, err := OpenPool(s, sp)
+		state := new(shardState)
+		pool, err := openPool(s, sp, state)
 		if err != nil {
 			t.closeNotIn(prev)
 			return nil, err
 		}
-		t.shards[s.Name] = &Shard{Pool: pool, slots: make(chan struct{}, int(pool.Config().MaxConns)+sp.MaxWaiting)}
+		t.shards[s.Name] = &Shard{Pool: pool, slots: make(chan struct{}, int(pool.Config().MaxConns)+sp.MaxWaiting), state: state}
 	}
 	return t, nil
 }
@@ -141,7 +143,17 @@ func OpenForCommand(m *shardmap.Map, sp config.ShardPool) (*Topology, error) {
 // an application_name unless the DSN names one, and READ COMMITTED pinned for every session,
 // which the transfer functions rely on (a fresh snapshot after its key lock) whatever the
 // database's default is.
+//
+// A query whose context ends closes its connection instead of sending a cancel request (see
+// closeOnCancel), and the server ends a statement whose client went away within a second
+// (client_connection_check_interval), so a statement stuck on a lock still ends on the server
+// while a commit waiting for its synchronous standby keeps waiting.
 func OpenPool(s shardmap.Shard, sp config.ShardPool) (*pgxpool.Pool, error) {
+	return openPool(s, sp, new(shardState))
+}
+
+// openPool is OpenPool recording what each new connection learns about the shard in state.
+func openPool(s shardmap.Shard, sp config.ShardPool, state *shardState) (*pgxpool.Pool, error) {
 	cfg, err := dsn.PoolConfig(s.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("shard %s: dsn: %w", s.Name, err)
@@ -158,6 +170,13 @@ func OpenPool(s shardmap.Shard, sp config.ShardPool) (*pgxpool.Pool, error) {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "shardgate"
 	}
 	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed"
+	if _, ok := cfg.ConnConfig.RuntimeParams["client_connection_check_interval"]; !ok {
+		cfg.ConnConfig.RuntimeParams["client_connection_check_interval"] = "1000"
+	}
+	cfg.ConnConfig.BuildContextWatcherHandler = closeOnCancel
+	cfg.ConnConfig.OnNotice = watcher.onNotice
+	cfg.ConnConfig.Tracer = watcher
+	cfg.AfterConnect = state.afterConnect
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("shard %s: %w", s.Name, err)
