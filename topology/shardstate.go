@@ -2,10 +2,12 @@ package topology
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // watcher is every pool's commit watcher: the notice handler and the tracer it hooks into are
@@ -14,22 +16,47 @@ var watcher = new(commitWatcher)
 
 // shardState is what the connections of one shard's pool learn as they connect.
 type shardState struct {
-	syncStandbys atomic.Bool // synchronous_standby_names is set
+	name         string
+	ids          *identities // shared by the topologies of one router
+	syncStandbys atomic.Bool // synchronous_standby_names is set and this session's commits wait
 }
 
+func newShardState(name string, ids *identities) *shardState {
+	if ids == nil {
+		ids = newIdentities()
+	}
+	return &shardState{name: name, ids: ids}
+}
+
+// syncSQL reads whether a commit of this session waits for synchronous standbys: some are named,
+// and synchronous_commit is on, remote_write or remote_apply (local and off do not wait).
+const syncSQL = `SELECT current_setting('synchronous_standby_names') <> ''
+	AND current_setting('synchronous_commit') NOT IN ('local', 'off')`
+
 // afterConnect reads, once per new connection, whether the shard waits for synchronous
-// standbys.
+// standbys, and which database it is (a changed identity is reported to the subscribers).
+// A role not allowed to read the control data (pg_control_system) still connects; the shard's
+// identity is then not watched.
 func (st *shardState) afterConnect(ctx context.Context, c *pgx.Conn) error {
-	var names string
-	if err := c.QueryRow(ctx, "SELECT current_setting('synchronous_standby_names')").Scan(&names); err != nil {
+	var waits bool
+	if err := c.QueryRow(ctx, syncSQL).Scan(&waits); err != nil {
 		return fmt.Errorf("read synchronous_standby_names: %w", err)
 	}
-	st.syncStandbys.Store(names != "")
+	st.syncStandbys.Store(waits)
+	id, err := readIdentity(ctx, c)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42501":
+		return nil
+	case err != nil:
+		return err
+	}
+	st.ids.observe(st.name, id)
 	return nil
 }
 
-// SyncStandbys reports whether the shard's primary had synchronous standbys configured when its
-// latest connection was made.
+// SyncStandbys reports whether the shard's primary had synchronous standbys configured, and the
+// router's sessions wait for them, when its latest connection was made.
 func (c *Shard) SyncStandbys() bool { return c.state != nil && c.state.syncStandbys.Load() }
 
 // confirmSQL assigns a transaction id and commits, so that its commit record is written to WAL

@@ -27,6 +27,8 @@ type Topology struct {
 
 	// Requests hold the topology while they use its pools; a retired topology takes no new
 	// users and closes its own pools only after the last user left.
+	ids *identities // what each shard's connections found it to be, shared along reloads
+
 	mu      sync.Mutex
 	users   int
 	retired bool
@@ -111,6 +113,10 @@ func Open(m *shardmap.Map, prev *Topology, sp config.ShardPool) (*Topology, erro
 		Map:    m,
 		shards: make(map[string]*Shard, len(m.Shards)),
 		idle:   make(chan struct{}),
+		ids:    newIdentities(),
+	}
+	if prev != nil {
+		t.ids = prev.ids
 	}
 	for _, s := range m.Shards {
 		if prev != nil {
@@ -119,7 +125,7 @@ func Open(m *shardmap.Map, prev *Topology, sp config.ShardPool) (*Topology, erro
 				continue
 			}
 		}
-		state := new(shardState)
+		state := newShardState(s.Name, t.ids)
 		pool, err := openPool(s, sp, state)
 		if err != nil {
 			t.closeNotIn(prev)
@@ -149,7 +155,7 @@ func OpenForCommand(m *shardmap.Map, sp config.ShardPool) (*Topology, error) {
 // (client_connection_check_interval), so a statement stuck on a lock still ends on the server
 // while a commit waiting for its synchronous standby keeps waiting.
 func OpenPool(s shardmap.Shard, sp config.ShardPool) (*pgxpool.Pool, error) {
-	return openPool(s, sp, new(shardState))
+	return openPool(s, sp, newShardState(s.Name, nil))
 }
 
 // openPool is OpenPool recording what each new connection learns about the shard in state.
