@@ -60,7 +60,13 @@ func (s *Server) StartStandby(ctx context.Context, o StandbyOptions) (*Server, e
 	if err := sb.basebackup(ctx, s, o.Name); err != nil {
 		return fail(err)
 	}
-	if err := sb.start(ctx); err != nil {
+	// start prepares the directory again: it is the one made above now, still removed by Close
+	// if it was a temp dir.
+	temp := sb.tempDir
+	sb.opts.Dir = sb.dir
+	err := sb.start(ctx)
+	sb.tempDir = temp
+	if err != nil {
 		return fail(err)
 	}
 	if o.Sync {
@@ -76,7 +82,7 @@ func (s *Server) StartStandby(ctx context.Context, o StandbyOptions) (*Server, e
 		want = "sync"
 	}
 	if err := s.waitReplication(ctx, o.Name, want); err != nil {
-		return nil, errors.Join(err, sb.Close())
+		return nil, errors.Join(fmt.Errorf("%w; the standby's log ends with:\n%s", err, sb.logTail(0)), sb.Close())
 	}
 	return sb, nil
 }
