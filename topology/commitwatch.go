@@ -3,6 +3,7 @@ package topology
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -77,4 +78,30 @@ func (w *commitWatcher) onNotice(c *pgconn.PgConn, n *pgconn.Notice) {
 // closed socket leaves the server waiting, and the rows invisible, until the standby has them.
 func closeOnCancel(c *pgconn.PgConn) ctxwatch.Handler {
 	return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+}
+
+// errNoCancelRequest is what a shard connection's dialer answers once the connection is open.
+var errNoCancelRequest = errors.New("shard connections send no cancel requests: a cancel would end a commit's wait for the synchronous standby")
+
+// noCancelRequests is the pools' BeforeConnect: once a connection is open, its dialer refuses to
+// dial again. The only dial pgconn makes for an open connection is a cancel request, which it
+// sends when it closes a connection whose query failed (a timeout included) — and a cancel
+// request reaching a backend that waits for its synchronous standby ends the wait.
+func noCancelRequests(_ context.Context, cc *pgx.ConnConfig) error {
+	dial, after := cc.DialFunc, cc.AfterConnect
+	var open atomic.Bool
+	cc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if open.Load() {
+			return nil, errNoCancelRequest
+		}
+		return dial(ctx, network, addr)
+	}
+	cc.AfterConnect = func(ctx context.Context, c *pgconn.PgConn) error {
+		open.Store(true)
+		if after != nil {
+			return after(ctx, c)
+		}
+		return nil
+	}
+	return nil
 }

@@ -59,10 +59,12 @@ func (st *shardState) afterConnect(ctx context.Context, c *pgx.Conn) error {
 // router's sessions wait for them, when its latest connection was made.
 func (c *Shard) SyncStandbys() bool { return c.state != nil && c.state.syncStandbys.Load() }
 
-// confirmSQL assigns a transaction id and commits, so that its commit record is written to WAL
-// and, on a shard with synchronous standbys, waits until they have it: every commit before it
-// in WAL is then on the standby too.
-const confirmSQL = "SELECT pg_current_xact_id()"
+// confirmSQL writes a transactional WAL record (a logical decoding message, which nothing
+// reads) and commits, so that the commit waits for the synchronous standbys: every commit before
+// it in WAL is then on them too. A transaction that only takes an xid (pg_current_xact_id())
+// does not do: PostgreSQL skips the wait for a transaction that wrote no WAL before its commit
+// record.
+const confirmSQL = "SELECT pg_logical_emit_message(true, 'shardgate', 'replicated')"
 
 // ConfirmReplicated returns once every transaction the shard committed before the call is on
 // its synchronous standbys, or ErrNotReplicated (or a connection error) when that is not known.

@@ -150,8 +150,8 @@ func OpenForCommand(m *shardmap.Map, sp config.ShardPool) (*Topology, error) {
 // which the transfer functions rely on (a fresh snapshot after its key lock) whatever the
 // database's default is.
 //
-// A query whose context ends closes its connection instead of sending a cancel request (see
-// closeOnCancel), and the server ends a statement whose client went away within a second
+// A query whose context ends closes its connection and no cancel request is ever sent (see
+// closeOnCancel and noCancelRequests), and the server ends a statement whose client went away within a second
 // (client_connection_check_interval), so a statement stuck on a lock still ends on the server
 // while a commit waiting for its synchronous standby keeps waiting.
 func OpenPool(s shardmap.Shard, sp config.ShardPool) (*pgxpool.Pool, error) {
@@ -180,6 +180,7 @@ func openPool(s shardmap.Shard, sp config.ShardPool, state *shardState) (*pgxpoo
 		cfg.ConnConfig.RuntimeParams["client_connection_check_interval"] = "1000"
 	}
 	cfg.ConnConfig.BuildContextWatcherHandler = closeOnCancel
+	cfg.BeforeConnect = noCancelRequests
 	cfg.ConnConfig.OnNotice = watcher.onNotice
 	cfg.ConnConfig.Tracer = watcher
 	cfg.AfterConnect = state.afterConnect

@@ -208,7 +208,7 @@ func (s *Server) walReceiverPID(ctx context.Context) (int, error) {
 // and what the primary commits from now on is missing here. Pausing replay
 // (pg_wal_replay_pause) is not the same: the receiver keeps flushing and acknowledging, and a
 // synchronous commit (on, not remote_apply) still returns. ResumeReceiver undoes it; Promote
-// does too.
+// kills the stopped receiver.
 func (s *Server) StallReceiver(ctx context.Context) error {
 	pid, err := s.walReceiverPID(ctx)
 	if err != nil {
@@ -242,26 +242,52 @@ func (s *Server) ResumeReceiver() error {
 }
 
 // Promote makes the standby a primary (pg_promote, waiting for it to end) on a new timeline.
-// A stalled WAL receiver is continued first: promotion waits for the receiver to exit, which a
-// stopped process cannot. It may then still write what it had received (never what its primary
-// had not sent). Kill the primary before promoting, as a failover does.
+// A WAL receiver stalled by StallReceiver is killed first, as when the standby's host loses
+// what had not reached its disk: WAL its primary sent after the stall, still in the socket, is
+// never written here (a stopped receiver could not end, and promotion waits for it to). The
+// standby's postmaster restarts its processes after the kill, and the promotion follows. Kill
+// the primary before promoting, as a failover does.
 func (s *Server) Promote(ctx context.Context) error {
-	if err := s.ResumeReceiver(); err != nil {
-		return err
+	s.mu.Lock()
+	pid := s.stalled
+	s.stalled = 0
+	s.mu.Unlock()
+	if pid != 0 {
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("localpg: killing the stalled WAL receiver (pid %d): %w", pid, err)
+		}
+		if !waitFor(10*time.Second, func() bool { return exited(pid) }) {
+			return fmt.Errorf("localpg: the stalled WAL receiver (pid %d) did not exit", pid)
+		}
 	}
+	var lastErr error
+	for {
+		ok, err := s.promote(ctx)
+		switch {
+		case err == nil && ok:
+			return nil
+		case err == nil:
+			return errors.New("localpg: the standby was not promoted within 60s; see its log")
+		}
+		lastErr = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("localpg: promoting the standby: %w (last attempt: %w)", ctx.Err(), lastErr)
+		case <-time.After(100 * time.Millisecond): // restarting after the receiver's kill
+		}
+	}
+}
+
+// promote asks the standby to promote itself, once.
+func (s *Server) promote(ctx context.Context) (bool, error) {
 	conn, err := pgx.Connect(ctx, s.dsn(s.port, "postgres"))
 	if err != nil {
-		return fmt.Errorf("localpg: connecting to the standby to promote it: %w", err)
+		return false, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var ok bool
-	if err := conn.QueryRow(ctx, "SELECT pg_promote(true, 60)").Scan(&ok); err != nil {
-		return fmt.Errorf("localpg: promoting the standby: %w", err)
-	}
-	if !ok {
-		return errors.New("localpg: the standby was not promoted within 60s; see its log")
-	}
-	return nil
+	err = conn.QueryRow(ctx, "SELECT pg_promote(true, 60)").Scan(&ok)
+	return ok, err
 }
 
 // exec runs sql on s's postgres database as its superuser.

@@ -221,6 +221,8 @@ type sent struct {
 	amount        int64
 	status        int  // the final answer; 0 if none came before the deadline
 	unknownBefore bool // a 503 (outcome unknown) came before the final answer
+	first, final  time.Time
+	attempts      int
 }
 
 // postOnce sends one attempt; a transport error is status 0.
@@ -262,8 +264,11 @@ func (c *foCluster) load(workers int, srcs, dsts []int64, stop <-chan struct{}, 
 				n := seq.Add(1)
 				s := sent{key: rand.Text(), src: srcs[int(n)%len(srcs)], dst: dsts[(int(n)+w)%len(dsts)], amount: 1 + n%97}
 				body := transferBody(s.src, s.dst, s.amount)
+				s.first = time.Now()
 				for time.Now().Before(deadline) {
+					s.attempts++
 					st := c.postOnce(s.key, body)
+					s.final = time.Now()
 					if st == http.StatusCreated || (st >= 400 && st < 500 && st != http.StatusConflict) {
 						s.status = st
 						break
@@ -346,17 +351,20 @@ func TestFailoverToSyncStandbyLosesNoAcknowledgedTransfer(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	stalledAt := time.Now()
 	if err := c.standbys[0].StallReceiver(ctx); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(3 * time.Second) // longer than request_timeout: commits wait, clients get 503
+	failedAt := time.Now()
 	c.failOver(0)
 	time.Sleep(1500 * time.Millisecond)
 	close(stop)
 	all := <-done
 
 	promoted := c.pool(0)
-	var ids []string
+	var ids, keys []string
+	var sents []sent
 	acked, unknown := 0, 0
 	for _, s := range all {
 		if s.status != http.StatusCreated {
@@ -368,6 +376,8 @@ func TestFailoverToSyncStandbyLosesNoAcknowledgedTransfer(t *testing.T) {
 			unknown++
 		}
 		ids = append(ids, router.TransferID(shardmap.KeyspaceID(s.src), "client-a:transfer", s.key))
+		keys = append(keys, s.key)
+		sents = append(sents, s)
 	}
 	found := debits(t, promoted, ids)
 	lost := 0
@@ -375,11 +385,24 @@ func TestFailoverToSyncStandbyLosesNoAcknowledgedTransfer(t *testing.T) {
 		if found[id] != 1 {
 			lost++
 			if lost <= 10 {
-				t.Errorf("acknowledged transfer %s (key %s) has %d debits on the promoted shard, want 1", id, all[i].key, found[id])
+				t.Errorf("acknowledged transfer %s (key %s) has %d debits on the promoted shard, want 1 (%d attempts from %s to %s after the stall, failed over %s after it)", id, keys[i], found[id], sents[i].attempts, sents[i].first.Sub(stalledAt), sents[i].final.Sub(stalledAt), failedAt.Sub(stalledAt))
 			}
 		}
 	}
 	t.Logf("%d transfers acknowledged, %d of them after a 503, %d lost", acked, unknown, lost)
+	if lost > 0 {
+		b, _ := os.ReadFile(c.primaries[0].LogPath())
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, "WARNING") || strings.Contains(l, "FATAL") || strings.Contains(l, "DETAIL") {
+				t.Log("primary: " + l)
+			}
+		}
+		for _, l := range strings.Split(c.logs.String(), "\n") {
+			if !strings.Contains(l, "level=INFO") {
+				t.Log("router: " + l)
+			}
+		}
+	}
 	if acked < 10 || unknown == 0 {
 		t.Fatalf("%d transfers acknowledged, %d after an unknown outcome: the stall did not hold commits back, so this test proved nothing", acked, unknown)
 	}
