@@ -179,6 +179,7 @@ type file struct {
 		BackoffBase  *duration `yaml:"backoff_base"`
 		BackoffMax   *duration `yaml:"backoff_max"`
 		KeepSettled  *duration `yaml:"keep_settled"`
+		ReoweWindow  *duration `yaml:"reowe_window"`
 	} `yaml:"relay"`
 	HTTP struct {
 		ReadHeaderTimeout *duration `yaml:"read_header_timeout"`
@@ -253,6 +254,9 @@ type Relay struct {
 	BackoffBase  time.Duration // first wait after a failed delivery, doubled per attempt
 	BackoffMax   time.Duration // the longest wait
 	KeepSettled  time.Duration // settled owed-credit rows are deleted by upkeep after this
+	// ReoweWindow: when a destination shard's identity changes (a failover, a restore), credits
+	// settled against it this recently are owed again and delivered once more.
+	ReoweWindow time.Duration
 }
 
 func withDefaults(path string, f *file) (*Config, []string) {
@@ -288,6 +292,7 @@ func withDefaults(path string, f *file) (*Config, []string) {
 			BackoffBase:  durOr(f.Relay.BackoffBase, 250*time.Millisecond),
 			BackoffMax:   durOr(f.Relay.BackoffMax, time.Minute),
 			KeepSettled:  durOr(f.Relay.KeepSettled, 168*time.Hour),
+			ReoweWindow:  durOr(f.Relay.ReoweWindow, 15*time.Minute),
 		},
 		HTTP: HTTP{
 			ReadHeaderTimeout: durOr(f.HTTP.ReadHeaderTimeout, 5*time.Second),
@@ -410,6 +415,9 @@ func (r Relay) validate(requestTimeout time.Duration) []string {
 	}
 	if r.KeepSettled < 0 {
 		bad("relay.keep_settled: %s must not be negative", r.KeepSettled)
+	}
+	if r.ReoweWindow < 0 {
+		bad("relay.reowe_window: %s must not be negative", r.ReoweWindow)
 	}
 	return problems
 }

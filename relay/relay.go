@@ -52,6 +52,7 @@ type Relay struct {
 	mu       sync.Mutex
 	down     map[string]shardBackoff // source shards whose claims fail, by name
 	observed map[string]bool         // shards with owed-credit gauges
+	reowe    map[string]bool         // destination shards whose recent credits are to be owed again
 }
 
 type shardBackoff struct {
@@ -61,11 +62,16 @@ type shardBackoff struct {
 
 // New makes a relay for the router whose configuration is cfg; its metrics go to reg.
 func New(cfg *config.Config, topos Topologies, log *slog.Logger, reg prometheus.Registerer) *Relay {
-	return &Relay{
+	r := &Relay{
 		cfg: cfg.Relay, retention: cfg.Idempotency.Retention, timeout: cfg.ShardPool.RequestTimeout,
 		topos: topos, log: log, owner: ownerID(), wake: make(chan struct{}, 1),
 		metrics: newMetrics(reg), down: map[string]shardBackoff{}, observed: map[string]bool{},
+		reowe: map[string]bool{},
 	}
+	topo := topos.HoldTopology()
+	topo.OnIdentityChange(r.identityChanged)
+	topo.Release()
+	return r
 }
 
 // ownerID names this relay in the leases it takes: host, process and a random part, so that two
@@ -110,8 +116,20 @@ func (r *Relay) Run(ctx context.Context) {
 // Pass claims and delivers what every shard owes now, until each has nothing due, and returns
 // how many credits it settled.
 func (r *Relay) Pass(ctx context.Context) int {
+	settled := r.pass(ctx)
+	if r.marked() {
+		// A pass's claims are what connect to a repointed shard first, and so what finds its
+		// identity changed: owe again what it may have lost, and deliver it, at once.
+		settled += r.pass(ctx)
+	}
+	return settled
+}
+
+// pass is one Pass over every shard.
+func (r *Relay) pass(ctx context.Context) int {
 	topo := r.topos.HoldTopology()
 	defer topo.Release()
+	r.reoweMarked(ctx, topo)
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex

@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -23,6 +22,7 @@ import (
 	"github.com/shardgate/shardgate/internal/localpg"
 	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/internal/testkit"
+	"github.com/shardgate/shardgate/reconcile"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardmap"
 )
@@ -415,4 +415,160 @@ func TestFailoverToSyncStandbyLosesNoAcknowledgedTransfer(t *testing.T) {
 	}
 }
 
-var _ = errors.New
+// relayLoop runs relay passes until the returned stop is called, as a router's relay does.
+func (c *foCluster) relayLoop() (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			c.svc.Relay.Pass(ctx)
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// loadFor runs c.load for d with the relay running, and returns what was acknowledged.
+func (c *foCluster) loadFor(d time.Duration, srcs, dsts []int64, during func()) []sent {
+	c.t.Helper()
+	stopRelay := c.relayLoop()
+	defer stopRelay()
+	stop := make(chan struct{})
+	done := make(chan []sent)
+	go func() { done <- c.load(4, srcs, dsts, stop, time.Now().Add(30*time.Second)) }()
+	time.Sleep(d / 2)
+	if during != nil {
+		during()
+	}
+	time.Sleep(d / 2)
+	close(stop)
+	var acked []sent
+	for _, s := range <-done {
+		if s.status != http.StatusCreated {
+			c.t.Fatalf("key %s: final answer %d, want 201", s.key, s.status)
+		}
+		acked = append(acked, s)
+	}
+	return acked
+}
+
+func ids(ss []sent) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = router.TransferID(shardmap.KeyspaceID(s.src), "client-a:transfer", s.key)
+	}
+	return out
+}
+
+// credits returns which of ids have a credit on pool.
+func credits(t *testing.T, pool *pgxpool.Pool, ids []string) map[string]bool {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), "SELECT transfer_id FROM ledger_entries WHERE kind = 'transfer_in' AND transfer_id = ANY($1)", ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]bool{}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		found[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return found
+}
+
+// TestFailoverToAsyncStandby: both shards have asynchronous standbys. Transfers go from
+// shard-0's accounts to shard-1's, the relay delivering their credits.
+//
+// Destination side: shard-1's standby lags (its WAL receiver stalled) while credits are
+// delivered and settled; shard-1 fails over and loses them. The router sees shard-1's new
+// identity, and the relay owes again what it settled there within relay.reowe_window: after it
+// runs, every debit has its credit again.
+//
+// Source side: shard-0's standby lags while transfers are acknowledged and their credits
+// delivered; shard-0 fails over and loses those debits, whose credits stay on shard-1. Async
+// replication loses them whatever the router does; reconcile reports each one.
+func TestFailoverToAsyncStandby(t *testing.T) {
+	c := startFailoverCluster(t, asyncStandby, asyncStandby)
+	srcs := []int64{c.account(0, 1000), c.account(0, 2000), c.account(0, 3000)}
+	dsts := []int64{c.account(1, 6000), c.account(1, 7000)}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	// Destination side.
+	before := c.loadFor(time.Second, srcs, dsts, nil)
+	lagging := c.loadFor(2*time.Second, srcs, dsts, func() {
+		if err := c.standbys[1].StallReceiver(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	c.relayAll()
+	c.failOver(1)
+	all := ids(append(before, lagging...))
+	if lost := len(all) - len(credits(t, c.pool(1), all)); lost == 0 {
+		t.Fatalf("no credit was lost with shard-1's failover (%d transfers): the stall did not hold replication back, so this test proved nothing", len(all))
+	} else {
+		t.Logf("destination failover: %d of %d credits lost", lost, len(all))
+	}
+	c.relayAll()
+	if got := credits(t, c.pool(1), all); len(got) != len(all) {
+		t.Errorf("after the relay, %d of %d transfers have their credit on the promoted shard-1, want all: the relay did not owe again what the failover lost", len(got), len(all))
+	}
+	if n := c.counter("shardgate_credits_reowed_total", map[string]string{"shard": "shard-1"}); n == 0 {
+		t.Error("shardgate_credits_reowed_total{shard=shard-1} is 0 after shard-1's identity changed")
+	}
+
+	// Source side.
+	more := c.loadFor(time.Second, srcs, dsts, nil)
+	lost := c.loadFor(2*time.Second, srcs, dsts, func() {
+		if err := c.standbys[0].StallReceiver(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	c.relayAll()
+	c.failOver(0)
+	acked := ids(append(append(append(before, lagging...), more...), lost...))
+	found := debits(t, c.pool(0), acked)
+	var missing []string
+	for _, id := range acked {
+		if found[id] == 0 {
+			missing = append(missing, id)
+		}
+	}
+	t.Logf("source failover: %d of %d acknowledged debits lost", len(missing), len(acked))
+	if len(missing) == 0 {
+		t.Fatal("no debit was lost with shard-0's failover: the stall did not hold replication back, so this test proved nothing")
+	}
+
+	// After both failovers, before reconcile: the lost debits' credits are on shard-1, so money
+	// was created; reconcile must name each of them.
+	topo := c.svc.Router.HoldTopology()
+	defer topo.Release()
+	rep, err := reconcile.Run(ctx, topo.Map, topo.Pool, reconcile.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rep.Found[reconcile.OrphanCredit]; got != len(missing) {
+		t.Errorf("reconcile found %d credits without debit, want %d (the debits the source failover lost)", got, len(missing))
+	}
+	lostSet := map[string]bool{}
+	for _, id := range missing {
+		lostSet[id] = true
+	}
+	for _, d := range rep.Listed[reconcile.OrphanCredit] {
+		if !lostSet[d.Leg.TransferID] {
+			t.Errorf("reconcile lists transfer %s as a credit without debit, which the failover did not lose", d.Leg.TransferID)
+		}
+	}
+	if got := rep.Found[reconcile.MissingCredit]; got != 0 {
+		t.Errorf("reconcile found %d missing credits, want 0 (the relay owed again what the destination failover lost)", got)
+	}
+}
