@@ -572,3 +572,74 @@ func TestFailoverToAsyncStandby(t *testing.T) {
 		t.Errorf("reconcile found %d missing credits, want 0 (the relay owed again what the destination failover lost)", got)
 	}
 }
+
+// TestReplayCacheDroppedOnIdentityChange: shard-0's DSN names its primary and its asynchronous
+// standby with target_session_attrs=read-write, so that the pool follows a promotion without a
+// map change. A transfer acknowledged (and cached) while the standby lags is lost with the
+// failover; once the router's first connection reaches the promoted standby, the retry of that
+// transfer is not replayed from the cache but applied again, on the shard that lacks it.
+func TestReplayCacheDroppedOnIdentityChange(t *testing.T) {
+	c := startFailoverCluster(t, asyncStandby, noStandby)
+	primary, standby := c.primaries[0], c.standbys[0]
+	c.dsns[0] = fmt.Sprintf("postgres://shardgate:%s@127.0.0.1:%d,127.0.0.1:%d/ledger?sslmode=disable&target_session_attrs=read-write",
+		c.password, primary.Port(), standby.Port())
+	c.writeMap()
+	if res, err := c.svc.Router.Reload(c.mapPath); res != router.ReloadApplied {
+		t.Fatalf("reload with the two-host DSN: %s, %v", res, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	src, dst := c.account(0, 1000), c.account(0, 2000)
+	postFinal := func(key string) *http.Response {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			req, _ := http.NewRequest(http.MethodPost, c.url+"/transfers", strings.NewReader(transferBody(src, dst, 10)))
+			req.Header.Set("Authorization", "Bearer token-a")
+			req.Header.Set("Idempotency-Key", key)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body) //nolint:errcheck // only status and headers matter
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable && resp.StatusCode != http.StatusConflict {
+				return resp
+			}
+		}
+		t.Fatalf("key %s: no final answer in 20s", key)
+		return nil
+	}
+
+	if err := standby.StallReceiver(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lostKey := rand.Text()
+	if r := postFinal(lostKey); r.StatusCode != http.StatusCreated {
+		t.Fatalf("first post: %d", r.StatusCode)
+	}
+	if r := postFinal(lostKey); r.StatusCode != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry before the failover: %d, Idempotent-Replayed %q; want a 201 replay", r.StatusCode, r.Header.Get("Idempotent-Replayed"))
+	}
+	if err := primary.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := standby.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Another transfer makes the router connect to the promoted standby.
+	if r := postFinal(rand.Text()); r.StatusCode != http.StatusCreated {
+		t.Fatalf("a new transfer after the failover: %d", r.StatusCode)
+	}
+	if n := c.counter("shardgate_shard_identity_changes_total", map[string]string{"shard": "shard-0"}); n != 1 {
+		t.Fatalf("shardgate_shard_identity_changes_total{shard=shard-0} = %v, want 1", n)
+	}
+	r := postFinal(lostKey)
+	if r.StatusCode != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
+		t.Errorf("retry of the lost transfer after the failover: %d, Idempotent-Replayed %q; want 201 applied anew (the cache must not answer for a database that lacks the transfer)",
+			r.StatusCode, r.Header.Get("Idempotent-Replayed"))
+	}
+	id := router.TransferID(shardmap.KeyspaceID(src), "client-a:transfer", lostKey)
+	if n := debits(t, c.pool(0), []string{id})[id]; n != 1 {
+		t.Errorf("the lost transfer has %d debits on the promoted shard after its retry, want 1", n)
+	}
+}
