@@ -56,6 +56,8 @@ func New(cfg *config.Config, topo *topology.Topology, log *slog.Logger, reg *pro
 	s.groups = newCommitters(cfg, reg)
 	s.replays = newReplayCache(cfg.ReplayCache)
 	topo.OnIdentityChange(s.identityChanged)
+	// Each shard's series exists from the start, so that an alert sees its first change.
+	topo.Each(func(name string, _ *topology.Shard) { s.metrics.identities.WithLabelValues(name) })
 	s.mux.HandleFunc("POST /transfers", s.postTransfer)
 	s.mux.Handle("GET /openapi.yaml", api.Handler())
 	s.mux.HandleFunc("GET /transfers/{id}", s.getTransfer)
