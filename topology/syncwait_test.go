@@ -22,7 +22,7 @@ func startWaiting(t *testing.T) (string, *pgx.Conn) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	srv, err := localpg.Start(ctx, localpg.Options{Settings: map[string]string{"synchronous_standby_names": "nobody"}})
+	srv, err := localpg.Start(ctx, localpg.Options{})
 	if err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatalf("CI is set and PostgreSQL could not start: %v", err)
@@ -35,10 +35,28 @@ func startWaiting(t *testing.T) (string, *pgx.Conn) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { admin.Close(context.Background()) })
-	if _, err := admin.Exec(ctx, "CREATE TABLE t (id int PRIMARY KEY)"); err != nil {
-		t.Fatal(err)
+	// Set after the start: with it set from the start, localpg's own CREATE DATABASE would wait.
+	for _, sql := range []string{"CREATE TABLE t (id int PRIMARY KEY)", "ALTER SYSTEM SET synchronous_standby_names = 'nobody'", "SELECT pg_reload_conf()"} {
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
 	}
-	return srv.DSN(), admin
+	for {
+		c, err := pgx.Connect(ctx, srv.DSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names string
+		err = c.QueryRow(ctx, "SHOW synchronous_standby_names").Scan(&names)
+		c.Close(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if names == "nobody" {
+			return srv.DSN(), admin
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // visible reports whether row id of t can be read, after giving a just-cancelled wait time to end.
@@ -137,5 +155,31 @@ func TestCancelledSyncWaitIsNotAcknowledged(t *testing.T) {
 	defer cancel()
 	if err := shard.ConfirmReplicated(ctx); err == nil {
 		t.Fatal("ConfirmReplicated returned nil while the standby is missing")
+	}
+}
+
+// TestTimedOutQueryRowsSendNoCancel: a query read as rows (as the transfer statements are) whose
+// context ends while its commit waits for the standby leaves the row invisible too: pgconn,
+// closing such a connection, would send a cancel request, which the pools' dialer refuses.
+func TestTimedOutQueryRowsSendNoCancel(t *testing.T) {
+	dsn, admin := startWaiting(t)
+	shard := openOne(t, dsn, config.ShardPool{MaxConns: 4, ConnectTimeout: 5 * time.Second}).Shard("a")
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	rows, err := shard.Pool.Query(ctx, "INSERT INTO t VALUES ($1) RETURNING id", 4)
+	if err == nil {
+		for rows.Next() {
+		}
+		rows.Close()
+		err = rows.Err()
+	}
+	cancel()
+	if err == nil {
+		t.Fatal("a commit waiting for a missing standby returned")
+	}
+	if visible(t, admin, 4) {
+		t.Fatal("the row of a commit still waiting for its standby became visible after the client's timeout (a cancel request reached the server)")
+	}
+	if n := waiters(t, admin); n != 1 {
+		t.Fatalf("%d backends wait for the standby after the client gave up, want 1", n)
 	}
 }
