@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -265,6 +266,25 @@ func (r *Relay) send(ctx context.Context, topo *topology.Topology, dest string, 
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
+	// A credit is settled only once it is known to be on dest's synchronous standby, as a
+	// transfer is acknowledged: not after a commit whose wait for the standby was cancelled,
+	// and, for a credit found there already, only after a commit that waited for it.
+	ctx, check := topology.WatchCommits(ctx)
+	res, failed, err = r.sendOn(ctx, conn, reqs)
+	if err == nil {
+		err = check()
+	}
+	if err == nil && slices.ContainsFunc(res, func(x idem.TransferResult) bool { return x.Outcome == idem.Replayed }) {
+		err = conn.ConfirmReplicated(ctx)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return res, failed, nil
+}
+
+// sendOn sends reqs to conn's shard in one statement, or each alone if the shard refuses it.
+func (r *Relay) sendOn(ctx context.Context, conn *topology.Shard, reqs []idem.TransferRequest) (res []idem.TransferResult, failed []error, err error) {
 	failed = make([]error, len(reqs))
 	res, err = idem.TransferBatch(ctx, conn.Pool, reqs)
 	if !refused(err) {
