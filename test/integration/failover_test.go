@@ -416,20 +416,21 @@ func TestFailoverToSyncStandbyLosesNoAcknowledgedTransfer(t *testing.T) {
 }
 
 // relayLoop runs relay passes until the returned stop is called, as a router's relay does.
+// Stopping waits for the pass in progress to end rather than cancelling it: a cancelled pass
+// leaves the credits it had claimed leased (relay.lease) and out of the next passes' reach.
 func (c *foCluster) relayLoop() (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
+	var stopped atomic.Bool
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for ctx.Err() == nil {
+		for !stopped.Load() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			c.svc.Relay.Pass(ctx)
-			select {
-			case <-ctx.Done():
-			case <-time.After(50 * time.Millisecond):
-			}
+			cancel()
+			time.Sleep(50 * time.Millisecond)
 		}
 	}()
-	return func() { cancel(); <-done }
+	return func() { stopped.Store(true); <-done }
 }
 
 // loadFor runs c.load for d with the relay running, and returns what was acknowledged.
