@@ -7,14 +7,25 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # golang/go#75804, fixed in Go 1.27). 50000 inputs take about 5-20 s per target here.
 FUZZTIME ?= 50000x
 
-.PHONY: test test-local deps lint cross unit fuzz containers bench bench-smoke bench-compare bench-compare-smoke build run
+# The version that `make build` links into the router (router version, /healthz): the git tag,
+# or what git describes of the checkout. `make release VERSION=vX.Y.Z` sets it.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+
+.PHONY: test test-local test-quick deps lint cross unit fuzz containers bench bench-smoke bench-compare bench-compare-smoke build run release release-snapshot
 
 ## test: every check CI runs: lint, unit and integration tests with -race on local PostgreSQL
 ## processes, fuzzing, the benchmark smoke run, then the same suites on containers
 test: test-local containers
 
 ## test-local: everything but the container suites (for machines without Docker)
-test-local: deps lint unit fuzz bench-smoke bench-compare-smoke
+test-local: deps lint release-snapshot unit fuzz bench-smoke bench-compare-smoke
+
+## test-quick: the unit and storage tests only (real PostgreSQL as local processes), for the
+## edit-test loop: no lint, race detector, fuzzing, benchmarks, integration suite or containers.
+## It installs only PostgreSQL's server binaries when they are missing.
+test-quick:
+	./scripts/ensure-deps.sh run
+	$(GO) test -short -count=1 -timeout 10m $$($(GO) list ./... | grep -v '/test/')
 
 ## containers: images from Debian packages, the suites on shard containers, compose smoke test
 containers:
@@ -23,10 +34,14 @@ containers:
 deps:
 	./scripts/ensure-deps.sh
 
-lint: cross
+## lint: gofmt, go vet and staticcheck on both modules (the main one and the container
+## backend's, shardgatetest/containers), and that go mod tidy would change neither
+lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+	$(GO) mod tidy -diff
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+	cd shardgatetest/containers && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
 
 ## cross: the router builds for Linux, macOS and Windows (router dev needs Linux and says so)
 cross:
@@ -75,7 +90,18 @@ bench-compare-smoke:
 	./scripts/bench-compare.sh -r 1 -d 1 -c 1,8 -a 3 HEAD
 
 build:
-	CGO_ENABLED=0 $(GO) build -o bin/router ./cmd/router
+	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/router ./cmd/router
+
+## release: the release VERSION=vX.Y.Z of the tagged, checked-out commit (docs/releases.md): the
+## router for Linux, macOS and Windows in dist/, SHA256SUMS, and both images with version labels
+release:
+	@case "$(origin VERSION)" in command*|environment*) ;; *) echo "usage: make release VERSION=vX.Y.Z" >&2; exit 2 ;; esac
+	GO=$(GO) ./scripts/release.sh "$(VERSION)"
+
+## release-snapshot: the same binaries and checks for the working tree under a snapshot version,
+## without images (make test runs it)
+release-snapshot:
+	GO=$(GO) ./scripts/release.sh --snapshot
 
 ## run: the local sandbox (PostgreSQL shards as local processes, migrated, router on :8080).
 ## It needs only PostgreSQL's server binaries. The built router runs in the recipe's place

@@ -28,6 +28,7 @@ type Config struct {
 	GroupCommit  GroupCommit
 	ReplayCache  ReplayCache
 	Relay        Relay
+	Reconcile    Reconcile
 	HTTP         HTTP
 	TLS          TLS
 	Admin        Admin
@@ -104,24 +105,6 @@ type GroupCommit struct {
 	StallAfter  time.Duration // how long a group is in flight before it counts as stalled
 }
 
-// validate reports what is wrong with gc, given the shard pool its groups take connections from.
-func (gc GroupCommit) validate(sp ShardPool) []string {
-	var problems []string
-	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-	if gc.MaxBatch < 1 || gc.MaxBatch > 1000 {
-		bad("group_commit.max_batch: %d must be between 1 (group commit off: every transfer alone) and 1000", gc.MaxBatch)
-	}
-	if gc.InFlight < 1 || gc.InFlight > 1000 {
-		bad("group_commit.in_flight: %d must be between 1 and 1000", gc.InFlight)
-	} else if gc.MaxInFlight < gc.InFlight || gc.MaxInFlight > 1000 {
-		bad("group_commit.max_in_flight: %d must be between group_commit.in_flight (%d) and 1000", gc.MaxInFlight, gc.InFlight)
-	}
-	if gc.StallAfter <= 0 || gc.StallAfter >= sp.RequestTimeout {
-		bad("group_commit.stall_after: %s must be positive and below shard_pool.request_timeout (%s)", gc.StallAfter, sp.RequestTimeout)
-	}
-	return problems
-}
-
 // ReplayCache keeps, per router, the responses shards answered as completed, so that a retry
 // of a completed key with the same request is replayed without a round trip to its shard. A
 // completed record never changes, so a cached response is the stored one; entries live at most
@@ -130,6 +113,21 @@ func (gc GroupCommit) validate(sp ShardPool) []string {
 type ReplayCache struct {
 	MaxEntries int // 0 turns the cache off
 	TTL        time.Duration
+}
+
+// Relay delivers the credits that debits owe to the shards that own their destination accounts
+// (package relay); every `router serve` runs one unless Enabled is false.
+type Relay struct {
+	Enabled      bool
+	PollInterval time.Duration // a pass over every shard at least this often
+	Batch        int           // owed credits claimed per shard per statement
+	Lease        time.Duration // how long a claimed credit is this relay's before another may take it over
+	BackoffBase  time.Duration // first wait after a failed delivery, doubled per attempt
+	BackoffMax   time.Duration // the longest wait
+	KeepSettled  time.Duration // settled owed-credit rows are deleted by upkeep after this
+	// ReoweWindow: when a destination shard's identity changes (a failover, a restore), credits
+	// settled against it this recently are owed again and delivered once more.
+	ReoweWindow time.Duration
 }
 
 // file mirrors router.yaml. Pointers tell "absent" from "zero" so defaults apply only to absent keys.
@@ -181,7 +179,8 @@ type file struct {
 		KeepSettled  *duration `yaml:"keep_settled"`
 		ReoweWindow  *duration `yaml:"reowe_window"`
 	} `yaml:"relay"`
-	HTTP struct {
+	Reconcile reconcileFile `yaml:"reconcile"`
+	HTTP      struct {
 		ReadHeaderTimeout *duration `yaml:"read_header_timeout"`
 		ReadTimeout       *duration `yaml:"read_timeout"`
 		WriteTimeout      *duration `yaml:"write_timeout"`
@@ -244,21 +243,6 @@ func Parse(path string, data []byte) (*Config, error) {
 
 // withDefaults is the one place defaults live: it fills every absent key and converts what the
 // file spells as text (interval, token hashes), reporting text that does not convert.
-// Relay delivers the credits that debits owe to the shards that own their destination accounts
-// (package relay); every `router serve` runs one unless Enabled is false.
-type Relay struct {
-	Enabled      bool
-	PollInterval time.Duration // a pass over every shard at least this often
-	Batch        int           // owed credits claimed per shard per statement
-	Lease        time.Duration // how long a claimed credit is this relay's before another may take it over
-	BackoffBase  time.Duration // first wait after a failed delivery, doubled per attempt
-	BackoffMax   time.Duration // the longest wait
-	KeepSettled  time.Duration // settled owed-credit rows are deleted by upkeep after this
-	// ReoweWindow: when a destination shard's identity changes (a failover, a restore), credits
-	// settled against it this recently are owed again and delivered once more.
-	ReoweWindow time.Duration
-}
-
 func withDefaults(path string, f *file) (*Config, []string) {
 	c := &Config{
 		Listen:       deref(f.Listen, "127.0.0.1:8080"),
@@ -294,6 +278,7 @@ func withDefaults(path string, f *file) (*Config, []string) {
 			KeepSettled:  durOr(f.Relay.KeepSettled, 168*time.Hour),
 			ReoweWindow:  durOr(f.Relay.ReoweWindow, 15*time.Minute),
 		},
+		Reconcile: f.Reconcile.withDefaults(),
 		HTTP: HTTP{
 			ReadHeaderTimeout: durOr(f.HTTP.ReadHeaderTimeout, 5*time.Second),
 			ReadTimeout:       durOr(f.HTTP.ReadTimeout, 15*time.Second),
@@ -345,7 +330,7 @@ func clients(f *file, problems []string) ([]Client, []string) {
 		seen[cl.Name] = true
 		sum, ok := sha256Hex(cl.TokenSHA256)
 		if !ok {
-			bad("auth.clients[%d].token_sha256: must be 64 hex digits, the SHA-256 of the token (printf %%s \"$TOKEN\" | sha256sum)", i)
+			bad("auth.clients[%d].token_sha256: must be 64 hex digits, the SHA-256 of the token (router token new --name NAME prints a token and its line)", i)
 			continue
 		}
 		out = append(out, Client{Name: cl.Name, TokenSHA256: sum})
@@ -376,7 +361,7 @@ func (c *Config) validate() []string {
 	case "none":
 	case "tokens":
 		if len(c.Auth.Clients) == 0 {
-			bad("auth.clients: mode tokens needs at least one client (name, token_sha256)")
+			bad("auth.clients: mode tokens needs at least one client (name, token_sha256): create one with router token new --name NAME, or for a local try set auth.mode: none")
 		}
 	default:
 		bad("auth.mode: %q must be tokens or none", c.Auth.Mode)
@@ -395,94 +380,8 @@ func (c *Config) validate() []string {
 	}
 	problems = append(problems, c.GroupCommit.validate(c.ShardPool)...)
 	problems = append(problems, c.Relay.validate(c.ShardPool.RequestTimeout)...)
+	problems = append(problems, c.Reconcile.validate()...)
 	return append(problems, c.validateListeners()...)
-}
-
-func (r Relay) validate(requestTimeout time.Duration) []string {
-	var problems []string
-	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-	if r.PollInterval < 10*time.Millisecond || r.PollInterval > time.Hour {
-		bad("relay.poll_interval: %s must be between 10ms and 1h", r.PollInterval)
-	}
-	if r.Batch < 1 || r.Batch > 10000 {
-		bad("relay.batch: %d must be between 1 and 10000", r.Batch)
-	}
-	if r.Lease < 3*requestTimeout {
-		bad("relay.lease: %s must be at least three times shard_pool.request_timeout (%s): a lease that runs out mid-delivery lets another relay deliver the same credit (it replays, but the work is wasted)", r.Lease, requestTimeout)
-	}
-	if r.BackoffBase <= 0 || r.BackoffMax < r.BackoffBase {
-		bad("relay.backoff_base: %s must be positive and relay.backoff_max (%s) at least as long", r.BackoffBase, r.BackoffMax)
-	}
-	if r.KeepSettled < 0 {
-		bad("relay.keep_settled: %s must not be negative", r.KeepSettled)
-	}
-	if r.ReoweWindow < 0 {
-		bad("relay.reowe_window: %s must not be negative", r.ReoweWindow)
-	}
-	return problems
-}
-
-func (idm Idempotency) validate() []string {
-	var problems []string
-	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-	if idm.ReplayWindow <= 0 {
-		bad("idempotency.replay_window: must be positive: the longest time after which any client or queue may still retry")
-	}
-	if idm.Retention < 2*idm.ReplayWindow {
-		bad("idempotency.retention: %s is less than twice replay_window (%s): a late retry could find its key expired and apply the transfer again; set retention to at least %s",
-			idm.Retention, idm.ReplayWindow, 2*idm.ReplayWindow)
-	}
-	if idm.PartitionsAhead < 1 || idm.PartitionsAhead > 366 {
-		bad("idempotency.partitions_ahead: %d must be between 1 and 366", idm.PartitionsAhead)
-	}
-	if idm.InProgressRetryAfter < time.Second {
-		bad("idempotency.in_progress_retry_after: %s is below 1s, the smallest Retry-After HTTP can express", idm.InProgressRetryAfter)
-	}
-	return problems
-}
-
-func (sp ShardPool) validate() []string {
-	var problems []string
-	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-	if sp.MaxConns < 1 || sp.MaxConns > 1000 {
-		bad("shard_pool.max_conns: %d must be between 1 and 1000", sp.MaxConns)
-	}
-	if sp.ConnectTimeout <= 0 || sp.RequestTimeout <= 0 {
-		bad("shard_pool: connect_timeout and request_timeout must be positive")
-	}
-	if sp.RetryAfter < time.Second {
-		bad("shard_pool.retry_after: %s is below 1s, the smallest Retry-After HTTP can express", sp.RetryAfter)
-	}
-	if sp.MaxWaiting < 0 || sp.MaxWaiting > 100000 {
-		bad("shard_pool.max_waiting: %d must be between 0 and 100000", sp.MaxWaiting)
-	}
-	return problems
-}
-
-// validateListeners checks the HTTP limits, TLS files and the admin listener.
-func (c *Config) validateListeners() []string {
-	var problems []string
-	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-	h := c.HTTP
-	if h.ReadHeaderTimeout <= 0 || h.ReadTimeout <= 0 || h.WriteTimeout <= 0 || h.IdleTimeout <= 0 {
-		bad("http: read_header_timeout, read_timeout, write_timeout and idle_timeout must be positive")
-	}
-	if h.WriteTimeout <= c.ShardPool.RequestTimeout {
-		bad("http.write_timeout: %s must exceed shard_pool.request_timeout (%s), or a slow shard's answer could never be written", h.WriteTimeout, c.ShardPool.RequestTimeout)
-	}
-	if h.MaxHeaderBytes < 1024 || h.MaxHeaderBytes > 1<<20 {
-		bad("http.max_header_bytes: %d must be between 1024 and 1048576", h.MaxHeaderBytes)
-	}
-	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
-		bad("tls: cert_file and key_file go together")
-	}
-	if c.TLS.ClientCAFile != "" && c.TLS.CertFile == "" {
-		bad("tls.client_ca_file: mutual TLS needs cert_file and key_file too")
-	}
-	if c.Admin.Listen != "" && c.Admin.Listen == c.Listen {
-		bad("admin.listen: must differ from listen (%s)", c.Listen)
-	}
-	return problems
 }
 
 // rel resolves a file named in router.yaml relative to router.yaml's directory.

@@ -47,7 +47,7 @@ func TestParseRejects(t *testing.T) {
 	for _, tc := range []struct{ name, yaml, want string }{
 		{"unknown key", validYAML + "colour: blue\n", "line 13: colour is not a setting (router.yaml takes admin, auth, group_commit,"},
 		{"unknown nested key", strings.Replace(validYAML, "  retention: 720h", "  retension: 720h", 1),
-			"line 4: idempotency.retension is not a setting (idempotency takes in_progress_retry_after, partition_interval, partitions_ahead, replay_window, retention)"},
+			"line 4: idempotency.retension is not a setting; did you mean retention? (idempotency takes in_progress_retry_after, partition_interval, partitions_ahead, replay_window, retention)"},
 		{"unknown key in a list item", strings.Replace(validYAML, "token_sha256:", "token:", 1), "line 12: auth.clients[0].token is not a setting (auth.clients[0] takes name, token_sha256)"},
 		{"unknown key merged in", "defaults: &d {max_batch: 8, colour: blue}\n", "line 1: defaults is not a setting"},
 		{"unknown key merged into a section", "group_commit:\n  <<: {max_batch: 8, colour: blue}\n", "line 2: group_commit.colour is not a setting (group_commit takes in_flight, max_batch, max_in_flight, stall_after), merged in at line 2"},

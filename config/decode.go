@@ -17,7 +17,8 @@ import (
 // decode reads router.yaml strictly, in words an operator can act on. The file is walked as a
 // node tree against the Go types it decodes into, and every problem in it is reported at once,
 // by line and by the key's path: an unknown key with the keys its section takes
-// (group_commit.in_fligth is not a setting (group_commit takes in_flight, max_batch, …)), a
+// and the nearest of them (group_commit.in_fligth is not a setting; did you mean in_flight?
+// (group_commit takes in_flight, max_batch, …)), a
 // value of the wrong kind with the kind its key takes (group_commit.max_batch: "many" is not a
 // whole number), never a Go type.
 func decode(data []byte) (*file, error) {
@@ -141,7 +142,7 @@ func (w *walker) mapping(n *yaml.Node, t reflect.Type, path, via string) {
 		at := join(path, quoteKey(key))
 		ft, ok := fields[key]
 		if !ok {
-			w.add(k.Line, "%s is not a setting (%s)%s", at, takes(path, fields), via)
+			w.add(k.Line, "%s is not a setting%s (%s)%s", at, didYouMean(key, fields), takes(path, fields), via)
 			continue
 		}
 		w.walk(v, ft, at, via)

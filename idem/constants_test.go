@@ -8,7 +8,7 @@ import (
 )
 
 // TestSQLConstantsMatchMigrations holds the numbers that SQL and Go share together: every
-// advisory lock a migration takes in (classid, objid) form is LockClass with a lock Go names,
+// advisory lock a migration or function file takes in (classid, objid) form is LockClass with a lock Go names,
 // the ownership lock is among them, and every per-key lock hashes with the key or request seed
 // over the text that seed stands for.
 func TestSQLConstantsMatchMigrations(t *testing.T) {
@@ -16,9 +16,16 @@ func TestSQLConstantsMatchMigrations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	fns, err := Functions()
+	if err != nil {
+		t.Fatal(err)
+	}
 	var all strings.Builder
 	for _, m := range ms {
 		all.WriteString(m.SQL)
+	}
+	for _, f := range fns {
+		all.WriteString(f.SQL)
 	}
 	sql := all.String()
 

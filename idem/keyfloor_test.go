@@ -315,8 +315,8 @@ func TestMigrationGivesUpBehindATransferInFlight(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if applied, err := Migrate(ctx, pool); err != nil || len(applied) != 2 {
-		t.Fatalf("run again: %v %v, want 0006 and 0007 applied", applied, err)
+	if applied, err := Migrate(ctx, pool); err != nil || len(applied) < 2 || applied[0] != "0006_records_from_key_time" || applied[1] != "0007_early_records" {
+		t.Fatalf("run again: %v %v, want 0006 and 0007 applied first", applied, err)
 	}
 }
 

@@ -2,10 +2,13 @@ package idem
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardgate/shardgate/internal/pgtest"
@@ -41,21 +44,17 @@ func migratedDB(t testing.TB, suffix string) *pgxpool.Pool {
 	return pool
 }
 
-// releaseDB creates a fresh database migrated by the first n migrations only (a shard of an
-// earlier release, as migrate leaves it), owning the whole keyspace, with the partitions for
-// today and two days ahead, and returns a pool on it with the migrations: those after n are the
-// upgrade under test.
+// releaseDB creates a fresh database as the release with migrations 0001-n left it (n is one of
+// releaseFixtures: testdata/release_NNNN.sql, its functions included), owning the whole
+// keyspace, with the partitions for today and two days ahead, and returns a pool on it with this
+// release's migrations: those after n, and the function files, are the upgrade under test.
 func releaseDB(t *testing.T, n int) (*pgxpool.Pool, []Migration) {
 	t.Helper()
 	pool := pgtest.NewDB(t, "")
+	restoreRelease(t, pool, n)
 	ms, err := Migrations()
 	if err != nil {
 		t.Fatal(err)
-	}
-	mustExec(t, pool, `CREATE TABLE shardgate_schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`)
-	for _, m := range ms[:n] {
-		mustExec(t, pool, m.SQL)
-		mustExec(t, pool, "INSERT INTO shardgate_schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name)
 	}
 	all, _ := shardmap.ParseKeyRange("-")
 	if err := ApplyOwnership(context.Background(), pool, Ownership{Shard: "s", MapVersion: 1, Ranges: []shardmap.KeyRange{all}}, Grant); err != nil {
@@ -65,4 +64,23 @@ func releaseDB(t *testing.T, n int) (*pgxpool.Pool, []Migration) {
 		t.Fatal(err)
 	}
 	return pool, ms
+}
+
+// restoreRelease runs testdata/release_NNNN.sql on the empty database behind pool, on a
+// connection of its own: the dump empties that session's search_path.
+func restoreRelease(t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	dump, err := os.ReadFile(filepath.Join("testdata", fmt.Sprintf("release_%04d.sql", n)))
+	if err != nil {
+		t.Fatalf("no fixture of the release with migrations 0001-%04d: %v", n, err)
+	}
+	ctx := context.Background()
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, string(dump)); err != nil {
+		t.Fatalf("restore release_%04d.sql: %v", n, err)
+	}
 }

@@ -2,9 +2,12 @@ package idem
 
 import (
 	"context"
+	"crypto/sha256"
 	"embed"
+	"encoding/hex"
 	"fmt"
 	"io/fs"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -13,25 +16,40 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-//go:embed migrations/*.sql
-var migrationFiles embed.FS
+// schemaFiles holds the versioned migrations (migrations/) and the function files (sql/).
+//
+//go:embed migrations/*.sql sql/*.sql
+var schemaFiles embed.FS
 
-// Migration is one versioned schema change, from migrations/NNNN_name.sql.
+// Migration is one versioned schema change, from migrations/NNNN_name.sql: tables, indexes and
+// data changes, each applied once and never edited after its release.
 type Migration struct {
 	Version int
 	Name    string
 	SQL     string
 }
 
+// FunctionFile is one file of sql/: a SQL function, or a small family of them, defined with
+// CREATE OR REPLACE. Migrate applies it whenever its checksum differs from the one the shard
+// recorded, so the file is the function's only definition and its history is the file's.
+type FunctionFile struct {
+	Name     string   // file name, e.g. shardgate_apply_batch.sql
+	SQL      string   // its text
+	Checksum string   // sha256 of SQL, hex
+	Requires []string // files applied before it, from its "-- requires:" header line
+}
+
 // Advisory lock ids, in (classid, objid) form so they never meet the single-bigint keys that
-// the transfer functions take per idempotency key. LockClass 21319 is "SG". The migrations name
-// LockClass and LockOwnership too; TestSQLConstantsMatchMigrations holds the two sides together.
+// the transfer functions take per idempotency key. LockClass 21319 is "SG". The function files
+// name LockClass and LockOwnership too; TestSQLConstantsMatchMigrations holds the two sides
+// together.
 const (
 	LockClass     = 21319
 	LockMigrate   = 0
 	LockOwnership = 1 // taken shared by every transfer, exclusively by ownership changes
 	LockUpkeep    = 2
 	LockApply     = 3 // held by a shard map apply on every shard for its whole run
+	LockWatch     = 4 // held on the map's first shard by the router that runs the periodic reconcile
 )
 
 // Seeds of hashtextextended for the per-key try-locks of the transfer functions (and of the copy of
@@ -43,8 +61,10 @@ const (
 )
 
 // Migrations returns the embedded migrations in version order.
-func Migrations() ([]Migration, error) {
-	entries, err := fs.Glob(migrationFiles, "migrations/*.sql")
+func Migrations() ([]Migration, error) { return migrationsIn(schemaFiles) }
+
+func migrationsIn(fsys fs.FS) ([]Migration, error) {
+	entries, err := fs.Glob(fsys, "migrations/*.sql")
 	if err != nil {
 		return nil, err
 	}
@@ -56,7 +76,7 @@ func Migrations() ([]Migration, error) {
 		if !ok || err != nil || v <= 0 {
 			return nil, fmt.Errorf("migration file %s: name must be NNNN_name.sql", path)
 		}
-		body, err := migrationFiles.ReadFile(path)
+		body, err := fs.ReadFile(fsys, path)
 		if err != nil {
 			return nil, err
 		}
@@ -71,11 +91,103 @@ func Migrations() ([]Migration, error) {
 	return ms, nil
 }
 
-// Migrate applies every migration the shard behind pool has not applied yet, each in its own
-// transaction, and returns the names of those it applied. Routers migrating the same shard at
-// once are serialized by a session advisory lock, so each migration runs exactly once.
+// Functions returns the embedded function files in the order Migrate applies them: each after
+// the files it requires, otherwise by name.
+func Functions() ([]FunctionFile, error) { return functionsIn(schemaFiles) }
+
+// requiresLine is a function file's header line naming the files (without .sql) it needs first.
+var requiresLine = regexp.MustCompile(`^--\s*requires:(.*)$`)
+
+func functionsIn(fsys fs.FS) ([]FunctionFile, error) {
+	paths, err := fs.Glob(fsys, "sql/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	byName := map[string]*FunctionFile{}
+	var names []string
+	for _, path := range paths {
+		body, err := fs.ReadFile(fsys, path)
+		if err != nil {
+			return nil, err
+		}
+		sum := sha256.Sum256(body)
+		f := &FunctionFile{Name: strings.TrimPrefix(path, "sql/"), SQL: string(body), Checksum: hex.EncodeToString(sum[:])}
+		// Only the leading comment block is header.
+		for _, line := range strings.Split(f.SQL, "\n") {
+			if !strings.HasPrefix(line, "--") {
+				break
+			}
+			if m := requiresLine.FindStringSubmatch(line); m != nil {
+				for _, r := range strings.Fields(m[1]) {
+					f.Requires = append(f.Requires, strings.TrimSuffix(r, ".sql")+".sql")
+				}
+			}
+		}
+		byName[f.Name] = f
+		names = append(names, f.Name)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		for _, r := range byName[n].Requires {
+			if byName[r] == nil {
+				return nil, fmt.Errorf("function file sql/%s requires %s, which is not in sql/", n, r)
+			}
+		}
+	}
+	// Repeatedly take the first file by name whose requirements are all placed.
+	placed := map[string]bool{}
+	var out []FunctionFile
+	for len(out) < len(names) {
+		progress := false
+		for _, n := range names {
+			if placed[n] {
+				continue
+			}
+			ready := true
+			for _, r := range byName[n].Requires {
+				ready = ready && placed[r]
+			}
+			if ready {
+				placed[n] = true
+				out = append(out, *byName[n])
+				progress = true
+				break
+			}
+		}
+		if !progress {
+			var stuck []string
+			for _, n := range names {
+				if !placed[n] {
+					stuck = append(stuck, n)
+				}
+			}
+			return nil, fmt.Errorf("function files require each other in a cycle: %s", strings.Join(stuck, ", "))
+		}
+	}
+	return out, nil
+}
+
+// Migrate brings the shard behind pool to this release's schema and returns what it applied:
+// first every versioned migration the shard has not applied yet, each in its own transaction
+// (named NNNN_name), then, in one transaction, every function file whose checksum differs from
+// the one the shard recorded (named sql/file.sql). A function file that fails rolls back all of
+// them, and the error names it: the shard keeps the functions it had. Routers migrating the same
+// shard at once are serialized by a session advisory lock, so each change runs exactly once, and
+// a second Migrate applies nothing.
+//
+// Versioned migrations are recorded by version alone, never by checksum: a shard that applied
+// 0001-0007 while they still defined the functions does not run them again, and gets the same
+// functions from sql/.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
-	ms, err := Migrations()
+	return migrate(ctx, pool, schemaFiles)
+}
+
+func migrate(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) ([]string, error) {
+	ms, err := migrationsIn(fsys)
+	if err != nil {
+		return nil, err
+	}
+	fns, err := functionsIn(fsys)
 	if err != nil {
 		return nil, err
 	}
@@ -126,6 +238,52 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 			return applied, fmt.Errorf("migration %04d_%s: %w", m.Version, m.Name, err)
 		}
 		applied = append(applied, fmt.Sprintf("%04d_%s", m.Version, m.Name))
+	}
+	fnApplied, err := applyFunctions(ctx, conn.Conn(), fns)
+	return append(applied, fnApplied...), err
+}
+
+// applyFunctions applies, in one transaction and in order, the function files whose checksum
+// differs from the one recorded in shardgate_schema_functions, and records theirs. It drops no
+// function: removing one is a versioned migration's DROP FUNCTION, with its file deleted.
+func applyFunctions(ctx context.Context, conn *pgx.Conn, fns []FunctionFile) ([]string, error) {
+	var applied []string
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, "SELECT name, checksum FROM shardgate_schema_functions")
+		if err != nil {
+			return fmt.Errorf("read shardgate_schema_functions: %w", err)
+		}
+		recorded := map[string]string{}
+		var name, sum string
+		if _, err := pgx.ForEachRow(rows, []any{&name, &sum}, func() error { recorded[name] = sum; return nil }); err != nil {
+			return fmt.Errorf("read shardgate_schema_functions: %w", err)
+		}
+		for _, f := range fns {
+			if recorded[f.Name] == f.Checksum {
+				continue
+			}
+			// Without arguments Exec uses the simple protocol, which allows many statements.
+			if _, err := tx.Exec(ctx, f.SQL); err != nil {
+				return fmt.Errorf("function file sql/%s: %w", f.Name, err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO shardgate_schema_functions (name, checksum) VALUES ($1, $2)
+				ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum, applied_at = now()`, f.Name, f.Checksum); err != nil {
+				return fmt.Errorf("record function file sql/%s: %w", f.Name, err)
+			}
+			applied = append(applied, "sql/"+f.Name)
+		}
+		// A file that is gone no longer vouches for anything: were it to come back, it applies.
+		names := make([]string, len(fns))
+		for i, f := range fns {
+			names[i] = f.Name
+		}
+		if _, err := tx.Exec(ctx, "DELETE FROM shardgate_schema_functions WHERE name <> ALL ($1)", names); err != nil {
+			return fmt.Errorf("forget removed function files: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return applied, nil
 }

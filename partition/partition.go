@@ -12,7 +12,8 @@ import (
 // Interval is how much time one idempotency_record partition covers.
 type Interval int
 
-// The partition intervals SPEC names: partitions idempotency_record_YYYY_MM_DD or _YYYY_MM.
+// The partition intervals the product supports: partitions idempotency_record_YYYY_MM_DD (daily)
+// or idempotency_record_YYYY_MM (monthly).
 const (
 	Daily Interval = iota + 1
 	Monthly

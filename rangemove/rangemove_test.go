@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/internal/pgtest"
+	"github.com/shardgate/shardgate/internal/pgtest/shardtest"
 	"github.com/shardgate/shardgate/internal/testkit"
 	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/shardmap"
@@ -22,21 +23,11 @@ import (
 // cluster is a set of shards, each a database of the test server, and the maps applied to it.
 type cluster struct {
 	t     *testing.T
-	pools map[string]*pgxpool.Pool
+	pools shardtest.Pools
 }
 
 func newCluster(t *testing.T, names ...string) *cluster {
-	c := &cluster{t: t, pools: map[string]*pgxpool.Pool{}}
-	for _, n := range names {
-		c.pools[n] = pgtest.NewDB(t, n+"_")
-		if _, err := idem.Migrate(context.Background(), c.pools[n]); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := idem.EnsurePartitions(context.Background(), c.pools[n], partition.Daily, time.Now(), 1); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return c
+	return &cluster{t: t, pools: shardtest.New(t, names...)}
 }
 
 func (c *cluster) pool(name string) *pgxpool.Pool { return c.pools[name] }

@@ -14,8 +14,8 @@ import (
 
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/internal/pgtest"
+	"github.com/shardgate/shardgate/internal/pgtest/shardtest"
 	"github.com/shardgate/shardgate/internal/testkit"
-	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/shardmap"
 )
 
@@ -26,26 +26,14 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 type cluster struct {
 	t     *testing.T
 	m     *shardmap.Map
-	pools map[string]*pgxpool.Pool
+	pools shardtest.Pools
 }
 
 // newCluster makes a shard for every shard of the map of version v with owners (see mapOf)
 // and grants each its ranges.
 func newCluster(t *testing.T, v int64, owners string) *cluster {
-	c := &cluster{t: t, pools: map[string]*pgxpool.Pool{}}
 	m := mapOf(t, v, owners)
-	for _, s := range m.Shards {
-		pool := pgtest.NewDB(t, s.Name+"_")
-		if _, err := idem.Migrate(context.Background(), pool); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := idem.EnsurePartitions(context.Background(), pool, partition.Daily, time.Now(), 1); err != nil {
-			t.Fatal(err)
-		}
-		c.pools[s.Name] = pool
-	}
-	c.grant(m)
-	return c
+	return &cluster{t: t, m: m, pools: shardtest.ForMap(t, m)}
 }
 
 // mapOf parses a map of version v; owners is as testkit.ShardMap's.
@@ -58,12 +46,7 @@ func mapOf(t *testing.T, v int64, owners string) *shardmap.Map {
 // give it stays, inactive, as moving) and makes m the map the cluster is checked against.
 func (c *cluster) grant(m *shardmap.Map) {
 	c.t.Helper()
-	for _, s := range m.Shards {
-		o := idem.Ownership{Shard: s.Name, MapVersion: m.Version, Ranges: m.Ownership()[s.Name]}
-		if err := idem.ApplyOwnership(context.Background(), c.pools[s.Name], o, idem.Grant); err != nil {
-			c.t.Fatal(err)
-		}
-	}
+	c.pools.Grant(c.t, m)
 	c.m = m
 }
 
@@ -78,9 +61,9 @@ func account(m *shardmap.Map, shard string, n int) int64 {
 	}
 }
 
-func (c *cluster) run(olderThan time.Duration) Report {
+func (c *cluster) run(window time.Duration) Report {
 	c.t.Helper()
-	r, err := Run(context.Background(), c.m, func(s string) *pgxpool.Pool { return c.pools[s] }, Options{OlderThan: olderThan})
+	r, err := Run(context.Background(), c.m, func(s string) *pgxpool.Pool { return c.pools[s] }, Options{Window: window})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -173,7 +156,7 @@ func printed(r Report) string {
 }
 
 // Three shards, transfers within one shard (the debit writes the credit) and across shards
-// (the credit delivered as the relay does), all older than the threshold: clean.
+// (the credit delivered as the relay does): clean.
 func TestCleanLedger(t *testing.T) {
 	c := newCluster(t, 1, "sa=-55 sb=55-aa sc=aa-")
 	a1, a2, b1, c1 := account(c.m, "sa", 1), account(c.m, "sa", 2), account(c.m, "sb", 1), account(c.m, "sc", 1)
@@ -185,7 +168,7 @@ func TestCleanLedger(t *testing.T) {
 	c.transfer("t-ca", c1, a2, 7, "USD")
 	c.backdate(2*time.Hour, "t-same", "t-ab", "t-bc", "t-ca")
 
-	r := c.run(time.Hour)
+	r := c.run(0)
 	if !r.Clean() || r.Discrepancies() != 0 {
 		t.Errorf("clean ledger reported %d discrepancies:\n%s", r.Discrepancies(), printed(r))
 	}
@@ -202,8 +185,9 @@ func TestCleanLedger(t *testing.T) {
 	}
 }
 
-// A credit deleted by hand, delivered (across shards) or written with its debit (same shard),
-// is missing once its debit is older than the threshold; the listing names where it belongs.
+// A credit deleted by hand, delivered (across shards, its owed-credit row settled) or written
+// with its debit (same shard, no owed-credit row), is missing; the listing names where it
+// belongs.
 func TestDeletedCreditIsMissing(t *testing.T) {
 	c := newCluster(t, 1, "sa=-80 sb=80-")
 	a1, a2, b1 := account(c.m, "sa", 1), account(c.m, "sa", 2), account(c.m, "sb", 1)
@@ -212,9 +196,11 @@ func TestDeletedCreditIsMissing(t *testing.T) {
 	c.transfer("t-kept", b1, a1, 5, "EUR")
 	c.exec("sb", "DELETE FROM ledger_entries WHERE transfer_id = 't-gone' AND kind = 'transfer_in'")
 	c.exec("sa", "DELETE FROM ledger_entries WHERE transfer_id = 't-gone-local' AND kind = 'transfer_in'")
+	c.exec("sa", "UPDATE shardgate_credit_outbox SET settled_at = now()")
+	c.exec("sb", "UPDATE shardgate_credit_outbox SET settled_at = now()")
 	c.backdate(2*time.Hour, "t-gone", "t-gone-local", "t-kept")
 
-	r := c.run(time.Hour)
+	r := c.run(0)
 	if r.Clean() {
 		t.Fatalf("deleted credits not found:\n%s", printed(r))
 	}
@@ -232,11 +218,11 @@ func TestDeletedCreditIsMissing(t *testing.T) {
 		t.Errorf("second listed %+v, want t-gone-local, belonging on sa", listed[1])
 	}
 	eur := r.Currencies[0]
-	if eur.Pending != 130 || eur.PendingCount != 2 || !eur.Balanced() || r.Discrepancies() != 2 {
-		t.Errorf("EUR %+v, %d discrepancies; want 130 pending over 2 debits, balanced, 2 discrepancies", eur, r.Discrepancies())
+	if eur.Missing != 130 || eur.Pending != 0 || !eur.Balanced() || r.Discrepancies() != 2 {
+		t.Errorf("EUR %+v, %d discrepancies; want 130 missing, none pending, balanced, 2 discrepancies", eur, r.Discrepancies())
 	}
-	if r.OldestPending == nil || r.OldestPending.TransferID != "t-gone" {
-		t.Errorf("oldest pending %v, want t-gone", r.OldestPending)
+	if r.OldestPending != nil {
+		t.Errorf("oldest pending %v, want none", r.OldestPending)
 	}
 	out := printed(r)
 	for _, want := range []string{"missing credit: 2", "t-gone", "credit belongs on sb", "result: 2 discrepancies"} {
@@ -259,7 +245,7 @@ func TestCreditWithoutDebit(t *testing.T) {
 	c.apply(credits...)
 	c.transfer("t-fine", a1, b1, 60, "USD")
 
-	r := c.run(time.Hour)
+	r := c.run(0)
 	wantFound(t, r, map[Kind]int{OrphanCredit: n})
 	ids := listedIDs(r, OrphanCredit)
 	if len(ids) != MaxListed || ids[0] != "t-orphan-00" || ids[MaxListed-1] != fmt.Sprintf("t-orphan-%02d", MaxListed-1) {
@@ -273,15 +259,16 @@ func TestCreditWithoutDebit(t *testing.T) {
 		t.Errorf("USD %+v, %d discrepancies; want unbalanced, %d discrepancies", usd, r.Discrepancies(), n+1)
 	}
 	out := printed(r)
-	for _, want := range []string{fmt.Sprintf("credit without debit: %d", n), "... and 2 more", "NO: debits - credits - pending = -220"} {
+	for _, want := range []string{fmt.Sprintf("credit without debit: %d", n), "... and 2 more", "NO: debits - credits - pending - missing = -220"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
 	}
 }
 
-// A debit younger than the threshold whose credit is not there yet is pending, not a
-// discrepancy, and the oldest such is reported; a lower threshold makes it missing.
+// A debit whose credit is owed and not delivered yet is pending, not a discrepancy, whatever its
+// age, and the oldest such is reported; once its owed-credit row says settled without the
+// credit, it is missing at once.
 func TestPendingCredit(t *testing.T) {
 	c := newCluster(t, 1, "sa=-55 sb=55-aa sc=aa-")
 	a1, b1, c1 := account(c.m, "sa", 1), account(c.m, "sb", 1), account(c.m, "sc", 1)
@@ -290,7 +277,7 @@ func TestPendingCredit(t *testing.T) {
 	}
 	c.backdate(30*time.Minute, "t-older")
 
-	r := c.run(time.Hour)
+	r := c.run(0)
 	if !r.Clean() {
 		t.Errorf("pending credits reported as discrepancies:\n%s", printed(r))
 	}
@@ -306,10 +293,11 @@ func TestPendingCredit(t *testing.T) {
 		t.Errorf("report does not name the oldest pending credit:\n%s", out)
 	}
 
-	r = c.run(10 * time.Minute)
+	c.exec("sa", "UPDATE shardgate_credit_outbox SET settled_at = now() WHERE transfer_id = 't-older'")
+	r = c.run(0)
 	wantFound(t, r, map[Kind]int{MissingCredit: 1})
 	if ids := listedIDs(r, MissingCredit); len(ids) != 1 || ids[0] != "t-older" {
-		t.Errorf("missing past 10m: %v, want [t-older]", ids)
+		t.Errorf("missing once settled: %v, want [t-older]", ids)
 	}
 }
 
@@ -326,7 +314,7 @@ func TestCreditDiffersFromDebit(t *testing.T) {
 	c.apply(leg(idem.Credit, "t-account", a1, b2, 5, "USD"))
 	c.transfer("t-fine", a1, b1, 1, "USD")
 
-	r := c.run(time.Hour)
+	r := c.run(0)
 	wantFound(t, r, map[Kind]int{Mismatch: 3})
 	got := map[string]Discrepancy{}
 	for _, d := range r.Listed[Mismatch] {
@@ -373,7 +361,7 @@ func TestInactiveRangeNotCounted(t *testing.T) {
 	c.copyLeg("t-copied-debit", idem.Debit, "sa", "sb")
 	c.backdate(2*time.Hour, "t-stranded", "t-copied", "t-copied-debit", "t-left-debit")
 
-	r := c.run(time.Hour)
+	r := c.run(0)
 	wantFound(t, r, map[Kind]int{MissingCredit: 1, OrphanCredit: 1})
 	if ids := listedIDs(r, MissingCredit); len(ids) != 1 || ids[0] != "t-stranded" || r.Listed[MissingCredit][0].Owner != "sb" {
 		t.Errorf("missing credits %v, want t-stranded's, belonging on sb", r.Listed[MissingCredit])
@@ -424,7 +412,7 @@ func TestUnsettledOwnershipIsRefused(t *testing.T) {
 	swapped := func(s string) *pgxpool.Pool { return c.pools[map[string]string{"sa": "sb", "sb": "sa"}[s]] }
 	check := func(name string, m *shardmap.Map, pool func(string) *pgxpool.Pool, shard, says string) {
 		t.Helper()
-		_, err := Run(context.Background(), m, pool, Options{OlderThan: time.Hour})
+		_, err := Run(context.Background(), m, pool, Options{})
 		var se *ShardError
 		if !errors.Is(err, ErrUnsettled) || !errors.As(err, &se) || se.Shard != shard || !strings.Contains(err.Error(), says) {
 			t.Errorf("%s: %v, want ErrUnsettled on shard %s saying %q", name, err, shard, says)
@@ -453,7 +441,7 @@ func TestShardErrors(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "shard sa: no connection pool") {
 		t.Errorf("run without pools: %v, want shard sa named", err)
 	}
-	if _, err := Run(context.Background(), m, func(string) *pgxpool.Pool { return nil }, Options{OlderThan: -time.Second}); err == nil {
-		t.Error("a negative OlderThan was accepted")
+	if _, err := Run(context.Background(), m, func(string) *pgxpool.Pool { return nil }, Options{Window: -time.Second}); err == nil {
+		t.Error("a negative Window was accepted")
 	}
 }

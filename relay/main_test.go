@@ -21,6 +21,7 @@ import (
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/internal/pgtest"
+	"github.com/shardgate/shardgate/internal/pgtest/shardtest"
 	"github.com/shardgate/shardgate/internal/testkit"
 	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/rangemove"
@@ -40,29 +41,21 @@ const secret = "s3cret-relay-pw"
 type cluster struct {
 	t     *testing.T
 	names []string
-	pools map[string]*pgxpool.Pool // the test's own connections, for set-up and checks
-	dsns  map[string]string        // with the password
-	dead  string                   // a DSN of a closed port, with the password
+	pools shardtest.Pools   // the test's own connections, for set-up and checks
+	dsns  map[string]string // with the password
+	dead  string            // a DSN of a closed port, with the password
 }
 
 func newCluster(t *testing.T, names ...string) *cluster {
 	t.Helper()
-	c := &cluster{t: t, names: names, pools: map[string]*pgxpool.Pool{}, dsns: map[string]string{}}
-	ctx := context.Background()
+	c := &cluster{t: t, names: names, pools: shardtest.New(t, names...), dsns: map[string]string{}}
 	for _, n := range names {
-		pool := pgtest.NewDB(t, n+"_")
-		if _, err := idem.Migrate(ctx, pool); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := idem.EnsurePartitions(ctx, pool, partition.Daily, time.Now(), 1); err != nil {
-			t.Fatal(err)
-		}
-		u, err := url.Parse(pool.Config().ConnString())
+		u, err := url.Parse(c.pools[n].Config().ConnString())
 		if err != nil {
 			t.Fatal(err)
 		}
 		u.User = url.UserPassword(u.User.Username(), secret)
-		c.pools[n], c.dsns[n] = pool, u.String()
+		c.dsns[n] = u.String()
 		if c.dead == "" {
 			u.Host = "127.0.0.1:" + strconv.Itoa(closedPort(t))
 			c.dead = u.String()

@@ -10,7 +10,7 @@ import (
 // errBadKey is wrapped by every Idempotency-Key parse error.
 var errBadKey = errors.New("invalid Idempotency-Key")
 
-// maxKeyLen is SPEC's limit on a key, in characters (all ASCII).
+// maxKeyLen is the longest Idempotency-Key the router accepts, in characters (all ASCII).
 const maxKeyLen = 255
 
 // ParseIdempotencyKey accepts a key in the IETF structured-field form (an RFC 8941 sf-string,

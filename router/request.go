@@ -2,13 +2,10 @@ package router
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -25,7 +22,7 @@ type TransferInput struct {
 	Reference string `json:"reference,omitempty"`
 }
 
-// maxReferenceLen is SPEC's limit on "reference", in characters.
+// maxReferenceLen is the longest "reference" a transfer may carry, in characters.
 const maxReferenceLen = 140
 
 // errBadBody marks an error as the client's: malformed or invalid JSON.
@@ -35,11 +32,12 @@ func badBody(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errBadBody, fmt.Sprintf(format, args...))
 }
 
-// DecodeTransfer decodes body, one JSON object. It accepts exactly the fields SPEC names, each
-// at most once and of its exact type: integers must be written as integers (2500, not 2500.0 or
-// 2.5e3) and fit in int64; strings must be valid UTF-8 with no lone surrogate escapes. Anything
-// else is an error wrapping errBadBody that names the problem. It takes the body whole, read
-// within the size limit, so that "too large" is known first.
+// DecodeTransfer decodes body, one JSON object. It accepts exactly the fields of a transfer
+// (src, dst, amount, currency, reference), each at most once and of its exact type: integers
+// must be written as integers (2500, not 2500.0 or 2.5e3) and fit in int64; strings must be
+// valid UTF-8 with no lone surrogate escapes. Anything else is an error wrapping errBadBody that
+// names the problem. It takes the body whole, read within the size limit, so that "too large"
+// is known first.
 func DecodeTransfer(body []byte, defaultCurrency string) (TransferInput, error) {
 	in, hasCurrency, ok := scanPlainTransfer(body)
 	if !ok {
@@ -54,141 +52,6 @@ func DecodeTransfer(body []byte, defaultCurrency string) (TransferInput, error) 
 		in.Currency = defaultCurrency
 	}
 	return in, validateTransfer(in)
-}
-
-// scanPlainTransfer is decodeFields for the bodies clients send, at a fraction of its cost: one
-// object of known fields, each once, integers as plain integers in range, strings of valid UTF-8
-// without escapes or control characters. It reports !ok for anything else, even what is valid,
-// and decodeFields then decides (and words every error): so it accepts a subset of what
-// decodeFields accepts, with the same result.
-func scanPlainTransfer(body []byte) (in TransferInput, hasCurrency, ok bool) {
-	p := plainScanner{b: body}
-	if !p.consume('{') {
-		return in, false, false
-	}
-	var seen [len(transferFields)]bool
-	for {
-		name, ok := p.plainString()
-		if !ok || !p.consume(':') {
-			return in, false, false
-		}
-		f := slices.Index(transferFields[:], string(name))
-		if f < 0 || seen[f] || !p.field(f, &in) {
-			return in, false, false
-		}
-		seen[f] = true
-		if p.consume('}') {
-			break
-		}
-		if !p.consume(',') {
-			return in, false, false
-		}
-	}
-	p.skipSpace()
-	if p.i != len(p.b) || !seen[fieldSrc] || !seen[fieldDst] || !seen[fieldAmount] {
-		return in, false, false
-	}
-	return in, seen[fieldCurrency], true
-}
-
-// transferFields are the body's fields, indexed by the field* constants.
-var transferFields = [...]string{"src", "dst", "amount", "currency", "reference"}
-
-const (
-	fieldSrc = iota
-	fieldDst
-	fieldAmount
-	fieldCurrency
-	fieldReference
-)
-
-// plainScanner reads the plain JSON that scanPlainTransfer accepts; every method reports false
-// for anything else.
-type plainScanner struct {
-	b []byte
-	i int // the next byte to read
-}
-
-// field reads the value of field f into in.
-func (p *plainScanner) field(f int, in *TransferInput) bool {
-	var ok bool
-	switch f {
-	case fieldSrc:
-		in.Src, ok = p.integer()
-	case fieldDst:
-		in.Dst, ok = p.integer()
-	case fieldAmount:
-		in.Amount, ok = p.integer()
-	case fieldCurrency:
-		in.Currency, ok = p.stringValue()
-	case fieldReference:
-		in.Reference, ok = p.stringValue()
-	}
-	return ok
-}
-
-// skipSpace skips what JSON counts as whitespace.
-func (p *plainScanner) skipSpace() {
-	for p.i < len(p.b) && (p.b[p.i] == ' ' || p.b[p.i] == '\t' || p.b[p.i] == '\n' || p.b[p.i] == '\r') {
-		p.i++
-	}
-}
-
-// consume skips whitespace and then c, if c is next.
-func (p *plainScanner) consume(c byte) bool {
-	p.skipSpace()
-	if p.i < len(p.b) && p.b[p.i] == c {
-		p.i++
-		return true
-	}
-	return false
-}
-
-// plainString reads a string that needs no unescaping: valid UTF-8 with no backslash and no
-// control character (which JSON does not allow unescaped), and returns its content.
-func (p *plainScanner) plainString() ([]byte, bool) {
-	if !p.consume('"') {
-		return nil, false
-	}
-	start, ascii := p.i, true
-	for ; p.i < len(p.b); p.i++ {
-		switch c := p.b[p.i]; {
-		case c == '"':
-			s := p.b[start:p.i]
-			p.i++
-			return s, ascii || utf8.Valid(s)
-		case c == '\\' || c < 0x20:
-			return nil, false
-		case c >= utf8.RuneSelf:
-			ascii = false
-		}
-	}
-	return nil, false
-}
-
-// stringValue is plainString as a Go string.
-func (p *plainScanner) stringValue() (string, bool) {
-	s, ok := p.plainString()
-	return string(s), ok
-}
-
-// integer reads a JSON integer without fraction or exponent (-?(0|[1-9][0-9]*)) that fits in
-// int64. A fraction or exponent is left unread, where the caller's ',' or '}' will not match.
-func (p *plainScanner) integer() (int64, bool) {
-	p.skipSpace()
-	start := p.i
-	if p.i < len(p.b) && p.b[p.i] == '-' {
-		p.i++
-	}
-	digits := p.i
-	for p.i < len(p.b) && isDigit(p.b[p.i]) {
-		p.i++
-	}
-	if p.i == digits || p.i-digits > 1 && p.b[digits] == '0' {
-		return 0, false
-	}
-	v, err := strconv.ParseInt(string(p.b[start:p.i]), 10, 64)
-	return v, err == nil
 }
 
 // decodeFields reads the object's fields, refusing unknown, repeated, missing and mistyped ones.
@@ -390,56 +253,4 @@ func isCurrencyCode(s string) bool {
 		}
 	}
 	return true
-}
-
-// Fingerprint identifies "the same request": method, path and the canonical parsed body (so key
-// order, whitespace and an omitted default currency do not matter). It is the hex SHA-256 of a
-// fixed-order encoding: the canonical body is byte for byte json.Marshal(in), which is what
-// fingerprints stored on the shards were made of, built in a stack buffer instead.
-func Fingerprint(method, path string, in TransferInput) string {
-	var buf [256]byte
-	b := append(buf[:0], method...)
-	b = append(b, '\n')
-	b = append(b, path...)
-	b = append(b, '\n', '{')
-	b = appendTransferFields(b, in)
-	b = append(b, '}')
-	sum := sha256.Sum256(b)
-	var digits [2 * sha256.Size]byte
-	hex.Encode(digits[:], sum[:])
-	return string(digits[:])
-}
-
-// appendTransferFields appends in's fields as json.Marshal(in) writes them, without the braces,
-// so that the fingerprint and the 201 body share one encoding.
-func appendTransferFields(b []byte, in TransferInput) []byte {
-	b = append(b, `"src":`...)
-	b = strconv.AppendInt(b, in.Src, 10)
-	b = append(b, `,"dst":`...)
-	b = strconv.AppendInt(b, in.Dst, 10)
-	b = append(b, `,"amount":`...)
-	b = strconv.AppendInt(b, in.Amount, 10)
-	b = append(b, `,"currency":`...)
-	b = appendJSONString(b, in.Currency)
-	if in.Reference != "" {
-		b = append(b, `,"reference":`...)
-		b = appendJSONString(b, in.Reference)
-	}
-	return b
-}
-
-// appendJSONString appends s quoted as encoding/json quotes it. Printable ASCII that it leaves
-// alone is copied; anything else (quotes, backslashes, control characters, <, >, & and non-ASCII
-// text such as U+2028 or invalid UTF-8) is left to encoding/json, so its escaping rules are
-// never restated here.
-func appendJSONString(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			quoted, _ := json.Marshal(s) // a string cannot fail to encode
-			return append(b, quoted...)
-		}
-	}
-	b = append(b, '"')
-	b = append(b, s...)
-	return append(b, '"')
 }

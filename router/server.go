@@ -27,6 +27,7 @@ import (
 	"github.com/shardgate/shardgate/api"
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/internal/buildinfo"
 	"github.com/shardgate/shardgate/topology"
 )
 
@@ -63,7 +64,7 @@ func New(cfg *config.Config, topo *topology.Topology, log *slog.Logger, reg *pro
 	s.mux.HandleFunc("GET /transfers/{id}", s.getTransfer)
 	s.mux.HandleFunc("GET /accounts/{id}/balance", s.getBalance)
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": buildinfo.Version()})
 	})
 	s.mux.HandleFunc("GET /readyz", s.readyz)
 

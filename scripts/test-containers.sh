@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The container half of the test suite (docs/testing.md, "Containers"): builds the images from Debian
-# packages (no registry needed), runs the multi-shard suite and the bank fault suite on shard
-# containers, and the compose smoke test. Needs a running Docker Engine.
+# packages (no registry needed), runs the container module's tests (an Env, a shard cut off the
+# network, the bank fault suite) on shard and router containers, and the compose smoke test. Needs a running Docker Engine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,9 +19,12 @@ sweep_containers
 trap sweep_containers EXIT
 timeout 15m ./deploy/images/build-postgres-image.sh
 timeout 10m ./deploy/images/build-router-image.sh
-SHARDGATE_TEST_BACKEND=docker go test -race -count=1 -timeout 10m ./test/integration/ ./shardgatetest/
+# The Docker backend is a module of its own (shardgatetest/containers, built against this
+# checkout by its replace directive): an Env and a shard cut off the network on containers,
+# then the bank fault suite.
+(cd shardgatetest/containers && SHARDGATE_TEST_BACKEND=docker go test -race -count=1 -timeout 10m .)
 # -v: the fault suite's checker prints its counts (acknowledged, failed, unknown, replays, sums).
-out=$(SHARDGATE_TEST_BACKEND=docker go test -race -count=1 -timeout 10m -v ./test/faults/ 2>&1) || { echo "$out"; exit 1; }
+out=$(cd shardgatetest/containers && SHARDGATE_TEST_BACKEND=docker go test -race -count=1 -timeout 10m -v ./faults/ 2>&1) || { echo "$out"; exit 1; }
 echo "$out" | grep -E '^(--- |ok )|bank_test.go|bank summary'
 
 SHARDGATE_SMOKE_TIMEOUT=180 timeout 5m ./deploy/compose/smoke.sh

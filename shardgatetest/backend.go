@@ -24,7 +24,7 @@ const BackendEnv = "SHARDGATE_TEST_BACKEND"
 
 // ErrNoBackend is returned (wrapped, with the reasons) when neither backend can run on this
 // machine: no PostgreSQL server binaries, and no Docker Engine with the images.
-var ErrNoBackend = errors.New("shardgatetest: no backend can run here: neither PostgreSQL server binaries (install postgresql-15 or set SHARDGATE_PG_BIN) nor a Docker Engine with the shardgate images (deploy/images/build-*-image.sh)")
+var ErrNoBackend = errors.New("shardgatetest: no backend can run here: neither PostgreSQL server binaries (install postgresql-15 or set SHARDGATE_PG_BIN) nor the Docker backend (" + ContainerModule + ") with a Docker Engine and the shardgate images (deploy/images/build-*-image.sh)")
 
 // ChooseBackend returns the backend to use: b if set, else $SHARDGATE_TEST_BACKEND, else
 // Local where PostgreSQL server binaries are found and Docker otherwise. Any other value is an
@@ -70,18 +70,14 @@ func Available(ctx context.Context, b Backend) (Backend, error) {
 	return b, nil
 }
 
-// dockerAvailable checks that the Docker Engine answers and that the shard image exists, and
-// the router image too when withRouter is set.
+// dockerAvailable checks that the Docker backend is linked in, that the Docker Engine answers
+// and that the shard image exists, and the router image too when withRouter is set.
 func dockerAvailable(ctx context.Context, withRouter bool) error {
-	cli, err := DockerClient(ctx, Image())
+	b, err := containers()
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	if withRouter {
-		return checkRouterImage(ctx, cli)
-	}
-	return nil
+	return b.Available(ctx, withRouter)
 }
 
 // unavailable is the error of backend b that cannot run here for reason err: it wraps

@@ -23,16 +23,13 @@
 //     only), and the router runs inside the test process on a loopback port. Fast: a
 //     two-shard Env starts in about two seconds.
 //   - [Docker]: every shard is a container of the PostgreSQL image and the router is a
-//     container of the router image, on a private network, through testcontainers-go. Nothing
-//     is pulled: the images (shardgate/postgres:15 and shardgate/router:dev by default;
-//     SHARDGATE_PG_IMAGE and SHARDGATE_ROUTER_IMAGE name others, e.g. postgres:15 where a
-//     registry is reachable) must exist locally, built by deploy/images/build-postgres-image.sh
-//     and deploy/images/build-router-image.sh. This backend also offers what only containers
-//     can do: cutting a shard off the network, SIGKILLing the router ([Env.Cluster]).
+//     container of the router image, on a private network, through testcontainers-go. It is
+//     the module github.com/shardgate/shardgate/shardgatetest/containers ([ContainerModule]),
+//     so that a module using the local backend does not depend on testcontainers-go and
+//     Docker's client: a test that runs on Docker imports that package, which registers the
+//     backend and offers the faults only containers have (cutting a shard off the network,
+//     SIGKILLing the router).
 //
 // Where neither backend can run, [New] skips the test — unless the environment variable CI is
 // set, where it fails: a skipped test tests nothing.
-//
-// Every container and network is labelled [Label]; a CI step can remove what a crashed run
-// left behind with docker rm -f $(docker ps -aq --filter label=dev.shardgate.test=true).
 package shardgatetest

@@ -92,9 +92,9 @@ type Env struct {
 	Token string
 
 	set     *ShardSet
-	router  *RouterContainer // the Docker backend's router
-	logs    *tailBuffer      // the local backend's router log
-	closers []func() error   // run last to first by Close
+	router  ContainerRouter // the Docker backend's router
+	logs    *tailBuffer     // the local backend's router log
+	closers []func() error  // run last to first by Close
 }
 
 // Start starts o.Shards shards and a router in front of them, on the backend o chooses, and
@@ -160,12 +160,7 @@ func (e *Env) serveDocker(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	c := e.set.Cluster()
-	dsns := make([]string, len(c.Shards))
-	for i, s := range c.Shards {
-		dsns[i] = s.NetworkDSN()
-	}
-	if e.router, err = c.StartRouter(ctx, yml, shardmapYAML(dsns, o.Ranges)); err != nil {
+	if e.router, err = e.set.Cluster().StartRouter(ctx, yml, func(dsns []string) []byte { return shardmapYAML(dsns, o.Ranges) }); err != nil {
 		return err
 	}
 	e.URL = "http://" + e.router.Addr()
@@ -178,13 +173,13 @@ func (e *Env) DSNs() []string { return e.set.DSNs() }
 // ShardOf returns the shard that owns account's transfers (its source account's shard).
 func (e *Env) ShardOf(account int64) Shard { return e.set.Shard(e.Map.Route(account).Shard) }
 
-// Cluster returns the Docker backend's containers, for faults only containers have: cutting a
-// shard off the network (ShardContainer.Disconnect). Nil on the local backend.
-func (e *Env) Cluster() *Cluster { return e.set.Cluster() }
+// Cluster returns the Docker backend's containers; nil on the local backend. containers.ClusterOf
+// gives their own type, for faults only containers have: cutting a shard off the network.
+func (e *Env) Cluster() ContainerShards { return e.set.Cluster() }
 
-// RouterContainer returns the Docker backend's router, which can be killed and restarted; nil
-// on the local backend.
-func (e *Env) RouterContainer() *RouterContainer { return e.router }
+// RouterContainer returns the Docker backend's router; nil on the local backend.
+// containers.RouterOf gives its own type, which can be killed and restarted.
+func (e *Env) RouterContainer() ContainerRouter { return e.router }
 
 // RouterLogs returns what the router has logged: the container's output on the Docker
 // backend, the last MiB of the in-process router's log on the local one.

@@ -31,8 +31,6 @@ type Shard interface {
 	Resume(ctx context.Context) error
 }
 
-var _ Shard = (*ShardContainer)(nil)
-
 // shardName is the name of the i-th shard, on either backend and in the shard map.
 func shardName(i int) string { return fmt.Sprintf("shard-%d", i) }
 
@@ -43,7 +41,7 @@ type ShardSet struct {
 	Backend Backend
 	// Shards are shard-0, shard-1, ... in order.
 	Shards  []Shard
-	cluster *Cluster // the Docker backend's containers
+	cluster ContainerShards // the Docker backend's containers
 	closers []func() error
 }
 
@@ -73,15 +71,15 @@ func startContainerShards(ctx context.Context, n int, withRouter bool) (*ShardSe
 	if err := dockerAvailable(ctx, withRouter); err != nil {
 		return nil, unavailable(ctx, Docker, err, withRouter)
 	}
-	c, err := StartCluster(ctx, n)
+	b, err := containers()
 	if err != nil {
 		return nil, err
 	}
-	set := &ShardSet{Backend: Docker, cluster: c, closers: []func() error{c.Close}}
-	for _, s := range c.Shards {
-		set.Shards = append(set.Shards, s)
+	c, err := b.StartShards(ctx, n)
+	if err != nil {
+		return nil, err
 	}
-	return set, nil
+	return &ShardSet{Backend: Docker, Shards: c.Shards(), cluster: c, closers: []func() error{c.Close}}, nil
 }
 
 // DSNs are the shards' connection URLs from the host, in shard order.
@@ -103,9 +101,10 @@ func (s *ShardSet) Shard(name string) Shard {
 	return nil
 }
 
-// Cluster returns the containers of the Docker backend, for faults only containers have
-// (ShardContainer.Disconnect and Connect); nil on the local backend.
-func (s *ShardSet) Cluster() *Cluster { return s.cluster }
+// Cluster returns the containers of the Docker backend, nil on the local backend. For the
+// faults only containers have (cutting a shard off the network), containers.ClusterOf gives
+// their own type.
+func (s *ShardSet) Cluster() ContainerShards { return s.cluster }
 
 // Close stops every shard and removes its data. Closing twice is harmless.
 func (s *ShardSet) Close() error {

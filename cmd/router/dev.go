@@ -45,6 +45,11 @@ func dev(ctx context.Context, args []string, out io.Writer, log *slog.Logger) er
 		}
 		defer os.RemoveAll(base)
 	}
+	unlock, err := lockSandbox(base)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	sb, err := openSandbox(base, *n, fs)
 	if err != nil {
 		return err
@@ -76,9 +81,10 @@ func dev(ctx context.Context, args []string, out io.Writer, log *slog.Logger) er
 // sandbox is the directory of `router dev`: shards/, router.yaml and shardmap.yaml. kept is
 // the shard map a kept sandbox has (nil for a new one), and n how many shards it runs.
 type sandbox struct {
-	dir  string
-	kept *yaml.Node
-	n    int
+	dir      string
+	kept     *yaml.Node
+	keptData []byte // the kept map as the user left it
+	n        int
 }
 
 func (sb *sandbox) path(name string) string { return filepath.Join(sb.dir, name) }
@@ -98,7 +104,7 @@ func openSandbox(dir string, n int, fs *flag.FlagSet) (*sandbox, error) {
 	if err := yaml.Unmarshal(data, &doc); err != nil || len(doc.Content) == 0 {
 		return nil, fmt.Errorf("dev: %s is not YAML (%v); fix it, or start a new sandbox with another --dir", sb.path("shardmap.yaml"), err)
 	}
-	sb.kept, sb.n = &doc, len(shardNodes(&doc))
+	sb.kept, sb.keptData, sb.n = &doc, data, len(shardNodes(&doc))
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "shards" })
 	if set && n != sb.n {
@@ -114,13 +120,16 @@ func (sb *sandbox) write(dsns []string, listen string) (*config.Config, *shardma
 	mapYAML := []byte(devShardmap(dsns))
 	if doc := sb.kept; doc != nil {
 		var err error
-		for i, shard := range shardNodes(doc) {
-			if dsn := mappingValue(shard, "dsn"); dsn != nil && i < len(dsns) {
-				dsn.Value, dsn.Style = dsns[i], 0
+		var ok bool
+		if mapYAML, ok = rewriteDSNs(sb.keptData, doc, dsns); !ok {
+			for i, shard := range shardNodes(doc) {
+				if dsn := mappingValue(shard, "dsn"); dsn != nil && i < len(dsns) {
+					dsn.Value, dsn.Style = dsns[i], 0
+				}
 			}
-		}
-		if mapYAML, err = yaml.Marshal(doc); err != nil {
-			return nil, nil, err
+			if mapYAML, err = yaml.Marshal(doc); err != nil {
+				return nil, nil, err
+			}
 		}
 	}
 	if err := writeFileAtomic(sb.path("shardmap.yaml"), mapYAML); err != nil {

@@ -270,7 +270,7 @@ func TestDocsCheckersCatchMistakes(t *testing.T) {
 		{"dev", "--shard", "3"},
 		{"shardmap", "apply", "--config", "router.yaml", "--dryrun"},
 		{"shardmap", "route", "shardmap.yaml"},
-		{"reconcile", "--older-than", "soon"},
+		{"reconcile", "--since", "soon"},
 		{"frobnicate"},
 	} {
 		if checkCommand(args) == nil {

@@ -11,10 +11,11 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/debug"
+	"runtime"
 	"syscall"
 
 	"github.com/shardgate/shardgate/config"
+	"github.com/shardgate/shardgate/internal/buildinfo"
 	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/shardmap"
 )
@@ -30,19 +31,24 @@ commands:
   shardmap diff OLD NEW                  show what changes between two maps
   shardmap apply --config router.yaml [--dry-run]
                                          make the shards own the map's ranges (revoke, move rows, grant)
-  reconcile --config router.yaml [--older-than 1h]
-                                         read-only check that the shards' ledgers add up (exit status 1 if not)
+  reconcile --config router.yaml [--since 1h] [--repair]
+                                         check that the shards' ledgers add up (exit status 1 if not); --repair
+                                         makes missing credits owed again
   dev [--shards N] [--listen ADDR] [--dir DIR]
                                          local sandbox: PostgreSQL shards as local processes, migrated, served;
                                          with --dir the sandbox (data and edited shard map) is kept across runs
+  token new --name NAME                  a new client token, and the router.yaml lines with its hash
   version                                print the build's version
 
 Run 'router <command> --help' for a command's flags.
 `
 
-// version is the release, set with -ldflags "-X main.version=v1.2.3"; otherwise the module
-// version or VCS revision the binary was built from.
+// version is the release, set with -ldflags "-X main.version=v1.2.3" (make build and
+// scripts/release.sh take it from the git tag). Empty, the module version of `go install
+// …@v1.2.3` stands in (internal/buildinfo).
 var version = ""
+
+func init() { buildinfo.Release = version }
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -74,6 +80,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		})
 	case "migrate":
 		err = withConfig(cmd, rest, stdout, func(cfg *config.Config, m *shardmap.Map) error {
+			if err := reachShards(ctx, cfg, m); err != nil {
+				return err
+			}
 			return service.Migrate(ctx, cfg, m, stdout)
 		})
 	case "maintain":
@@ -88,8 +97,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = reconcileCommand(ctx, rest, stdout)
 	case "dev":
 		err = dev(ctx, rest, stdout, log)
+	case "token":
+		err = tokenCommand(rest, stdout)
 	case "version", "--version":
-		fmt.Fprintln(stdout, "router", buildVersion())
+		fmt.Fprintf(stdout, "router %s (%s %s/%s)\n", buildinfo.Version(), buildinfo.GoVersion(), runtime.GOOS, runtime.GOARCH)
 		return 0
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
@@ -146,25 +157,7 @@ func withConfig(cmd string, args []string, stdout io.Writer, fn func(*config.Con
 	}
 	cfg, m, err := service.Load(*path)
 	if err != nil {
-		return err
+		return missingConfig(*path, err)
 	}
 	return fn(cfg, m)
-}
-
-// buildVersion is version, or what the Go toolchain recorded about the build.
-func buildVersion() string {
-	if version != "" {
-		return version
-	}
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "(unknown)"
-	}
-	v := info.Main.Version
-	for _, s := range info.Settings {
-		if s.Key == "vcs.revision" {
-			v += " " + s.Value
-		}
-	}
-	return v + " " + info.GoVersion
 }

@@ -28,9 +28,11 @@ func TestReconcileUsage(t *testing.T) {
 		status int
 		out    string // on stdout for status 0, on stderr otherwise
 	}{
-		{[]string{"reconcile", "--help"}, 0, "-older-than"},
-		{[]string{"reconcile", "--older-than", "soon"}, 2, "invalid value"},
-		{[]string{"reconcile", "--older-than", "-1h", "--config", writeReconcileConfig(t, "")}, 2, "--older-than must be 0 or more"},
+		{[]string{"reconcile", "--help"}, 0, "-since"},
+		{[]string{"reconcile", "--help"}, 0, "-repair"},
+		{[]string{"reconcile", "--since", "soon"}, 2, "invalid value"},
+		{[]string{"reconcile", "--repair=maybe"}, 2, "invalid boolean value"},
+		{[]string{"reconcile", "--since", "-1h", "--config", writeReconcileConfig(t, "")}, 2, "--since must be 0 (the whole history) or more"},
 		{[]string{"reconcile", "extra"}, 2, `unexpected argument "extra"`},
 	} {
 		var stdout, stderr bytes.Buffer
@@ -98,8 +100,25 @@ func TestReconcileCommand(t *testing.T) {
 		t.Fatalf("reconcile of empty shards: status %d, stdout %q, stderr %q; want 0, clean", status, stdout, stderr)
 	}
 
-	creditOnB(t, dsnB, "t-orphan")
+	debitOnA(t, srv.DSN(), "t-lost")
 	status, stdout, stderr := reconcileStatus(path)
+	if status != 1 || !strings.Contains(stdout, "missing credit: 1") || !strings.Contains(stdout, "t-lost") || !strings.Contains(stderr, "discrepancies") {
+		t.Errorf("reconcile with a lost credit: status %d, stdout %q, stderr %q; want 1, the credit listed", status, stdout, stderr)
+	}
+	repair := func() (int, string) {
+		var out, errOut bytes.Buffer
+		return run([]string{"reconcile", "--config", path, "--repair"}, &out, &errOut), out.String() + errOut.String()
+	}
+	if status, out := repair(); status != 0 || !strings.Contains(out, "t-lost: owed again on a") || !strings.Contains(out, "after repair:") ||
+		!strings.HasSuffix(out, "result: clean\n") {
+		t.Errorf("reconcile --repair: status %d, output %q; want 0, the credit owed again, clean after", status, out)
+	}
+	if status, out := repair(); status != 0 || strings.Contains(out, "repair:") || !strings.Contains(out, "oldest pending credit: t-lost") {
+		t.Errorf("second reconcile --repair: status %d, output %q; want 0, nothing repaired, t-lost pending", status, out)
+	}
+
+	creditOnB(t, dsnB, "t-orphan")
+	status, stdout, stderr = reconcileStatus(path)
 	if status != 1 || !strings.Contains(stdout, "credit without debit: 1") || !strings.Contains(stdout, "t-orphan") ||
 		!strings.Contains(stderr, "discrepancies") || strings.Count(stderr, "\n") != 1 {
 		t.Errorf("reconcile with a credit without debit: status %d, stdout %q, stderr %q; want 1, the credit listed, one line on stderr", status, stdout, stderr)
@@ -113,6 +132,36 @@ func TestReconcileCommand(t *testing.T) {
 	status, stdout, stderr = reconcileStatus(writeReconcileConfig(t, u.String(), dsnB))
 	if status != 1 || !strings.Contains(stderr, "shard a") || strings.Contains(stderr+stdout, "wrong-Pw-7") || strings.Contains(stderr+stdout, password) {
 		t.Errorf("reconcile with a wrong password: status %d, stdout %q, stderr %q; want 1, naming shard a, no password", status, stdout, stderr)
+	}
+}
+
+// debitOnA writes, on the shard at dsn (which owns "-80"), the debit of transfer id to an account
+// of b, with its owed-credit row marked settled and no credit anywhere: a credit lost after its
+// delivery.
+func debitOnA(t *testing.T, dsn, id string) {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	src, dst := int64(1), int64(1)
+	for shardmap.KeyspaceID(src) >= 1<<63 {
+		src++
+	}
+	for shardmap.KeyspaceID(dst) < 1<<63 {
+		dst++
+	}
+	res, err := idem.Transfer(context.Background(), pool, idem.TransferRequest{
+		Kind: idem.Debit, Scope: "test:transfer", Key: id, RequestHash: "h", KeyspaceID: shardmap.KeyspaceID(src),
+		DstKeyspaceID: shardmap.KeyspaceID(dst), TransferID: id, Client: "test", Src: src, Dst: dst, Amount: 10,
+		Currency: "EUR", Response: idem.Response{Status: 201}, Retention: time.Hour,
+	})
+	if err != nil || res.Outcome != idem.Applied {
+		t.Fatalf("debit on a: %v %v", res.Outcome, err)
+	}
+	if _, err := pool.Exec(context.Background(), "UPDATE shardgate_credit_outbox SET settled_at = now() WHERE transfer_id = $1", id); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -254,3 +255,34 @@ func startServe(t *testing.T, cfg *config.Config, mapPath string) string {
 
 // oneShardMap is a valid map whose only shard is never reached by these tests.
 const oneShardMap = "version: 1\nshards:\n  - name: s\n    dsn: postgres://u@127.0.0.1:1/db\n    ranges: [\"-\"]\n"
+
+// serve runs the periodic reconcile unless reconcile.enabled is false: its series are on
+// /metrics from the start, at 0 until it has checked.
+func TestServeRunsPeriodicReconcile(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want bool
+	}{{"", true}, {"reconcile:\n  enabled: false\n", false}} {
+		dir := t.TempDir()
+		mapPath := filepath.Join(dir, "shardmap.yaml")
+		if err := os.WriteFile(mapPath, []byte(oneShardMap), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := config.Parse(filepath.Join(dir, "router.yaml"), []byte("auth:\n  mode: none\n"+tc.yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.Get("http://" + startServe(t, cfg, mapPath) + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(string(body), "shardgate_reconcile_leader 0"); got != tc.want {
+			t.Errorf("config %q: shardgate_reconcile_leader 0 on /metrics is %t, want %t", tc.yaml, got, tc.want)
+		}
+	}
+}

@@ -136,6 +136,9 @@ func loadShardmap(sub, path string, stderr io.Writer) (*shardmap.Map, bool) {
 func shardmapApply(ctx context.Context, args []string, stdout io.Writer) error {
 	var dryRun bool
 	return withConfig("shardmap apply", args, stdout, func(cfg *config.Config, m *shardmap.Map) error {
+		if err := reachShards(ctx, cfg, m); err != nil {
+			return err
+		}
 		if dryRun {
 			return service.PlanMap(ctx, cfg, m, stdout)
 		}

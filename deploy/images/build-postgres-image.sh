@@ -5,7 +5,9 @@
 # -c ...`), so testcontainers' postgres module and the compose file work with either image.
 #
 # Idempotent: does nothing when the image exists and was built from the current postgres/
-# directory (entrypoint, Dockerfile); when only those changed, redoes just the cheap second stage.
+# directory (entrypoint, Dockerfile) for the same shardgate version (SHARDGATE_VERSION, else git
+# describe; it is the image's org.opencontainers.image.version label); when only those changed,
+# redoes just the cheap second stage.
 # --force also redoes the Debian bootstrap. Needs root (mmdebstrap, docker) and Debian's package
 # mirror; the bootstrap takes 1-2 minutes on an idle 2-core machine (6 on a loaded one).
 set -euo pipefail
@@ -25,8 +27,12 @@ base="${image%:*}-rootfs:${image##*:}"
 # The second stage's inputs, recorded as a label so an edited entrypoint is never left unbuilt.
 context_sum="$(cd "$here/postgres" && sha256sum Dockerfile docker-entrypoint.sh | sha256sum | cut -c1-16)"
 label=dev.shardgate.context
+# shardgate's release this image belongs to, in its OCI labels as in the router image's.
+version="${SHARDGATE_VERSION:-$(git -C "$here/../.." describe --tags --always --dirty 2>/dev/null || echo devel)}"
+revision="${SHARDGATE_REVISION:-$(git -C "$here/../.." rev-parse HEAD 2>/dev/null || echo unknown)}"
 
-if ! $force && [ "$(docker image inspect --format "{{index .Config.Labels \"$label\"}}" "$image" 2>/dev/null)" = "$context_sum" ]; then
+labels="$(docker image inspect --format "{{index .Config.Labels \"$label\"}} {{index .Config.Labels \"org.opencontainers.image.version\"}}" "$image" 2>/dev/null || true)"
+if ! $force && [ "$labels" = "$context_sum $version" ]; then
 	echo "build-postgres-image: $image is up to date; --force rebuilds it" >&2
 	exit 0
 fi
@@ -66,7 +72,13 @@ fi
 echo "build-postgres-image: adding the entrypoint, image $image" >&2
 # The legacy builder needs no buildx plugin; its deprecation notice is noise here.
 if ! out="$(DOCKER_BUILDKIT=0 docker build --quiet --pull=false --build-arg "BASE=$base" \
-	--label "$label=$context_sum" -t "$image" "$here/postgres" 2>&1)"; then
+	--label "$label=$context_sum" \
+	--label "org.opencontainers.image.version=$version" \
+	--label "org.opencontainers.image.revision=$revision" \
+	--label "org.opencontainers.image.source=https://github.com/shardgate/shardgate" \
+	--label "org.opencontainers.image.licenses=Apache-2.0" \
+	--label "org.opencontainers.image.title=shardgate-postgres" \
+	-t "$image" "$here/postgres" 2>&1)"; then
 	echo "$out" >&2
 	exit 1
 fi

@@ -110,6 +110,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // sendPending sends every pending operation of j and records each outcome as it comes.
 func sendPending(ctx context.Context, c *client.Client, j *journal, timeout time.Duration, stdout, stderr io.Writer) int {
 	code := 0
+	if len(j.pending()) == 0 {
+		fmt.Fprintln(stdout, j.nothingPending())
+	}
 	for _, op := range j.pending() {
 		if ctx.Err() != nil { // interrupted: the rest stays pending for the next run
 			return 1
@@ -177,4 +180,18 @@ func (op *operation) summary() string {
 		s += ": " + op.LastError
 	}
 	return s
+}
+
+// nothingPending says that a run had nothing to send, what the state file holds, and how to
+// add a transfer.
+func (j *journal) nothingPending() string {
+	count := map[string]int{}
+	for _, op := range j.Operations {
+		count[op.State]++
+	}
+	if len(j.Operations) == 0 {
+		return fmt.Sprintf("nothing pending: %s holds no transfers; enqueue one with -src, -dst and -amount", j.path)
+	}
+	return fmt.Sprintf("nothing pending: all %d transfers in %s are settled (%d applied, %d rejected, %d expired); enqueue another with -src, -dst and -amount",
+		len(j.Operations), j.path, count[stateApplied], count[stateRejected], count[stateExpired])
 }

@@ -156,12 +156,21 @@ func TestCrashDuringSendResumesWithTheSameKey(t *testing.T) {
 		t.Errorf("output %q does not report the applied transfer", out)
 	}
 
-	// Nothing is pending any more: another run sends nothing.
-	if code, out := runCmd(t, "--url", url, "--state", state); code != 0 || out != "" {
-		t.Errorf("third run: exit %d, output %q", code, out)
+	// Nothing is pending any more: another run sends nothing, and says so.
+	want := "nothing pending: all 1 transfers in " + state + " are settled (1 applied, 0 rejected, 0 expired)"
+	if code, out := runCmd(t, "--url", url, "--state", state); code != 0 || !strings.Contains(out, want) {
+		t.Errorf("third run: exit %d, output %q; want 0 and %q", code, out, want)
 	}
 	if posts, _ := f.snapshot(); len(posts) != 2 {
 		t.Errorf("third run sent %d more requests", len(posts)-2)
+	}
+}
+
+// A first run with an empty state file and nothing to enqueue says how to add a transfer.
+func TestNothingToSend(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "transfers.json")
+	if code, out := runCmd(t, "--url", "http://127.0.0.1:1", "--state", state); code != 0 || !strings.Contains(out, "nothing pending: "+state+" holds no transfers; enqueue one with -src, -dst and -amount") {
+		t.Errorf("exit %d, output %q", code, out)
 	}
 }
 

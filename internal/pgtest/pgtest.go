@@ -1,7 +1,8 @@
 // Package pgtest gives a test binary one real PostgreSQL server, started fresh as a local
 // process, and a new database on it per test: the storage tests of idem and rangemove run
 // against PostgreSQL itself, never a mock. Without server binaries the tests skip, except when
-// CI is set, where that is a failure: a skipped test tests nothing.
+// CI is set, where that is a failure: a skipped test tests nothing. Package shardtest builds
+// the shards of a multi-shard test on the same server.
 package pgtest
 
 import (

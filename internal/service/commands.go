@@ -224,9 +224,10 @@ func PlanMap(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Wr
 	return nil
 }
 
-// Reconcile checks, read-only, that the ledgers of m's shards add up (package reconcile), prints
-// the report to out, and fails when the check found discrepancies or could not be made.
-func Reconcile(ctx context.Context, cfg *config.Config, m *shardmap.Map, opts reconcile.Options, out io.Writer) error {
+// Reconcile checks that the ledgers of m's shards add up (package reconcile) and prints the
+// report to out. With repair, it then makes every missing credit owed again, logging each
+// action, and checks again. It fails when discrepancies remain or the check could not be made.
+func Reconcile(ctx context.Context, cfg *config.Config, m *shardmap.Map, opts reconcile.Options, repair bool, out io.Writer) error {
 	topo, err := topology.OpenForCommand(m, cfg.ShardPool)
 	if err != nil {
 		return err
@@ -237,6 +238,18 @@ func Reconcile(ctx context.Context, cfg *config.Config, m *shardmap.Map, opts re
 		return fmt.Errorf("reconcile: %w", err)
 	}
 	rep.Print(out)
+	if repair && len(rep.Missing) > 0 {
+		fmt.Fprintln(out)
+		n, err := reconcile.Repair(ctx, m, topo.Pool, rep, out)
+		if err != nil {
+			return fmt.Errorf("reconcile --repair: %w (%d credits owed again before it)", err, n)
+		}
+		fmt.Fprintf(out, "repair: %d credits owed again; the relay of any running router delivers them\n\nafter repair:\n", n)
+		if rep, err = reconcile.Run(ctx, m, topo.Pool, opts); err != nil {
+			return fmt.Errorf("reconcile: %w", err)
+		}
+		rep.Print(out)
+	}
 	if !rep.Clean() {
 		return fmt.Errorf("reconcile: the ledgers do not add up: %d discrepancies, listed above", rep.Discrepancies())
 	}

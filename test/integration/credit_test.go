@@ -116,7 +116,7 @@ func TestReconcileFindsHandEditedCredits(t *testing.T) {
 	bin := buildRouter(t)
 	cli := func() (int, string) {
 		t.Helper()
-		out, err := exec.Command(bin, "reconcile", "--config", cfgPath, "--older-than", "0s").CombinedOutput()
+		out, err := exec.Command(bin, "reconcile", "--config", cfgPath).CombinedOutput()
 		var ee *exec.ExitError
 		switch {
 		case err == nil:
@@ -417,7 +417,7 @@ func shardPool(name string) *pgxpool.Pool { return env.pools[name] }
 // reconcileRun checks every ledger against m; a debit of any age without its credit counts.
 func reconcileRun(t testing.TB, m *shardmap.Map) reconcile.Report {
 	t.Helper()
-	rep, err := reconcile.Run(context.Background(), m, shardPool, reconcile.Options{OlderThan: 0})
+	rep, err := reconcile.Run(context.Background(), m, shardPool, reconcile.Options{})
 	if err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}

@@ -1,4 +1,4 @@
-package shardgatetest
+package containers
 
 import (
 	"context"

@@ -22,6 +22,7 @@ import (
 	"github.com/shardgate/shardgate/reconcile"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardgatetest"
+	"github.com/shardgate/shardgate/shardgatetest/containers"
 	"github.com/shardgate/shardgate/shardmap"
 )
 
@@ -125,7 +126,7 @@ func TestBankUnderFaults(t *testing.T) {
 		Clients:    map[string]string{"bank": bankToken},
 		RouterYAML: bankPool,
 	})
-	rt := env.RouterContainer()
+	rt := containers.RouterOf(env)
 	b := newBank(env.Map)
 	px := newDropProxy(t, rt.Addr(), dropRate)
 	defer px.Close()
@@ -203,7 +204,7 @@ func runClients(ctx context.Context, httpc *http.Client, url string, b *bank, du
 // it; its fault SIGKILLs it mid-traffic and starts it again.
 func injectFaults(ctx context.Context, t *testing.T, env *shardgatetest.Env) {
 	t.Helper()
-	shards, rt := env.Cluster().Shards, env.RouterContainer()
+	shards, rt := containers.ClusterOf(env).Shards, containers.RouterOf(env)
 	faults := []struct {
 		name         string
 		inject, heal func(context.Context) error
@@ -652,7 +653,7 @@ func balance(ctx context.Context, httpc *http.Client, url string, account int64)
 // more, a debit of any age without its credit is a discrepancy.
 func checkReconcile(ctx context.Context, t *testing.T, m *shardmap.Map, pools map[string]*pgxpool.Pool) {
 	t.Helper()
-	rep, err := reconcile.Run(ctx, m, func(s string) *pgxpool.Pool { return pools[s] }, reconcile.Options{OlderThan: 0})
+	rep, err := reconcile.Run(ctx, m, func(s string) *pgxpool.Pool { return pools[s] }, reconcile.Options{})
 	if err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}

@@ -1,4 +1,4 @@
-package shardgatetest
+package containers
 
 import (
 	"bytes"
@@ -20,6 +20,7 @@ import (
 	"github.com/testcontainers/testcontainers-go/wait"
 
 	"github.com/shardgate/shardgate/internal/localpg"
+	"github.com/shardgate/shardgate/shardgatetest"
 )
 
 // DefaultRouterImage is the router image used unless SHARDGATE_ROUTER_IMAGE names another; it
@@ -33,9 +34,6 @@ func RouterImage() string {
 	}
 	return DefaultRouterImage
 }
-
-// RouterConfigDir is where StartRouter puts router.yaml and the shard map in the container.
-const RouterConfigDir = "/etc/shardgate"
 
 // NetworkDSN is the shard's connection string from inside the cluster network, for a router
 // running there as a container: the shard's alias and PostgreSQL's own port.
@@ -52,7 +50,7 @@ type RouterContainer struct {
 }
 
 // StartRouter runs `router serve` from RouterImage() on the cluster network with the given
-// router.yaml and shard map (mounted as RouterConfigDir/router.yaml and /shardmap.yaml; the
+// router.yaml and shard map (mounted as shardgatetest.RouterConfigDir/router.yaml and /shardmap.yaml; the
 // router.yaml must listen on 0.0.0.0:8080 and name shardmap.yaml), and waits until it is ready.
 // The shard map's DSNs should be the shards' NetworkDSNs.
 func (c *Cluster) StartRouter(ctx context.Context, routerYAML, shardmapYAML []byte) (*RouterContainer, error) {
@@ -83,10 +81,10 @@ func (c *Cluster) runRouter(ctx context.Context, image string, port int, routerY
 	apiPort := dockernet.MustParsePort("8080/tcp")
 	file := func(name string, data []byte) testcontainers.ContainerFile {
 		// World-readable: the image runs as uid 65532 and Docker writes the files as root.
-		return testcontainers.ContainerFile{Reader: bytes.NewReader(data), ContainerFilePath: RouterConfigDir + "/" + name, FileMode: 0o644}
+		return testcontainers.ContainerFile{Reader: bytes.NewReader(data), ContainerFilePath: shardgatetest.RouterConfigDir + "/" + name, FileMode: 0o644}
 	}
 	ctr, err := testcontainers.Run(ctx, image,
-		testcontainers.WithCmd("serve", "--config", RouterConfigDir+"/router.yaml"),
+		testcontainers.WithCmd("serve", "--config", shardgatetest.RouterConfigDir+"/router.yaml"),
 		testcontainers.WithFiles(file("router.yaml", routerYAML), file("shardmap.yaml", shardmapYAML)),
 		testcontainers.WithExposedPorts("8080/tcp"),
 		network.WithNetwork([]string{"router"}, c.Network),
