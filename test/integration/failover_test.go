@@ -73,6 +73,12 @@ const (
 // router (whose relay runs only when the test calls Relay.Pass).
 func startFailoverCluster(t *testing.T, modes ...standbyMode) *foCluster {
 	t.Helper()
+	return startFailoverClusterWith(t, "", modes...)
+}
+
+// startFailoverClusterWith is startFailoverCluster with extraYAML appended to router.yaml.
+func startFailoverClusterWith(t *testing.T, extraYAML string, modes ...standbyMode) *foCluster {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c := &foCluster{t: t, dir: t.TempDir(), password: "pw-" + rand.Text(), version: 1}
@@ -99,7 +105,7 @@ func startFailoverCluster(t *testing.T, modes ...standbyMode) *foCluster {
 	c.mapPath = filepath.Join(c.dir, "shardmap.yaml")
 	c.writeMap()
 	cfgPath := filepath.Join(c.dir, "router.yaml")
-	if err := os.WriteFile(cfgPath, []byte(failoverYAML), 0o600); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(failoverYAML+extraYAML), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cfg, m, err := service.Load(cfgPath)
@@ -642,5 +648,67 @@ func TestReplayCacheDroppedOnIdentityChange(t *testing.T) {
 	id := router.TransferID(shardmap.KeyspaceID(src), "client-a:transfer", lostKey)
 	if n := debits(t, c.pool(0), []string{id})[id]; n != 1 {
 		t.Errorf("the lost transfer has %d debits on the promoted shard after its retry, want 1", n)
+	}
+}
+
+// TestAsyncDestinationFailoverRepairedByReconcile: with relay.reowe_window 0 (or past the window),
+// the credits a destination's failover lost are left to reconcile: it reports each as a missing
+// credit (its outbox row says settled), --repair owes them again, and after the relay every
+// transfer has its credit and the ledgers are clean.
+func TestAsyncDestinationFailoverRepairedByReconcile(t *testing.T) {
+	c := startFailoverClusterWith(t, "relay:\n  reowe_window: 0s\n", noStandby, asyncStandby)
+	srcs := []int64{c.account(0, 1000), c.account(0, 2000)}
+	dsts := []int64{c.account(1, 6000), c.account(1, 7000)}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	acked := c.loadFor(2*time.Second, srcs, dsts, func() {
+		if err := c.standbys[1].StallReceiver(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	c.relayAll()
+	c.failOver(1)
+	c.relayAll()
+	all := ids(acked)
+	lost := map[string]bool{}
+	have := credits(t, c.pool(1), all)
+	for _, id := range all {
+		if !have[id] {
+			lost[id] = true
+		}
+	}
+	if len(lost) == 0 {
+		t.Fatal("no credit was lost with shard-1's failover: the stall did not hold replication back, so this test proved nothing")
+	}
+	if n := c.counter("shardgate_credits_reowed_total", map[string]string{"shard": "shard-1"}); n != 0 {
+		t.Fatalf("%v credits owed again with relay.reowe_window 0", n)
+	}
+
+	topo := c.svc.Router.HoldTopology()
+	defer topo.Release()
+	rep, err := reconcile.Run(ctx, topo.Map, topo.Pool, reconcile.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rep.Found[reconcile.MissingCredit]; got != len(lost) || len(rep.Missing) != len(lost) {
+		t.Fatalf("reconcile found %d missing credits (%d listed for repair), want %d (the credits the failover lost)", got, len(rep.Missing), len(lost))
+	}
+	for _, d := range rep.Missing {
+		if !lost[d.Leg.TransferID] {
+			t.Errorf("reconcile reports transfer %s as missing its credit, which the failover did not lose", d.Leg.TransferID)
+		}
+	}
+	n, err := reconcile.Repair(ctx, topo.Map, topo.Pool, rep, io.Discard)
+	if err != nil || n != len(lost) {
+		t.Fatalf("repair owed %d credits again (%v), want %d", n, err, len(lost))
+	}
+	c.relayAll()
+	if got := credits(t, c.pool(1), all); len(got) != len(all) {
+		t.Errorf("after repair and the relay, %d of %d transfers have their credit, want all", len(got), len(all))
+	}
+	if rep, err := reconcile.Run(ctx, topo.Map, topo.Pool, reconcile.Options{}); err != nil || !rep.Clean() {
+		var out strings.Builder
+		rep.Print(&out)
+		t.Errorf("reconcile after repair (%v):\n%s", err, out.String())
 	}
 }
