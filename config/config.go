@@ -126,6 +126,9 @@ type Relay struct {
 	BackoffBase  time.Duration // first wait after a failed delivery, doubled per attempt
 	BackoffMax   time.Duration // the longest wait
 	KeepSettled  time.Duration // settled owed-credit rows are deleted by upkeep after this
+	// ReoweWindow: when a destination shard's identity changes (a failover, a restore), credits
+	// settled against it this recently are owed again and delivered once more.
+	ReoweWindow time.Duration
 }
 
 // file mirrors router.yaml. Pointers tell "absent" from "zero" so defaults apply only to absent keys.
@@ -175,6 +178,7 @@ type file struct {
 		BackoffBase  *duration `yaml:"backoff_base"`
 		BackoffMax   *duration `yaml:"backoff_max"`
 		KeepSettled  *duration `yaml:"keep_settled"`
+		ReoweWindow  *duration `yaml:"reowe_window"`
 	} `yaml:"relay"`
 	Reconcile reconcileFile `yaml:"reconcile"`
 	Buffering bufferingFile `yaml:"buffering"`
@@ -274,6 +278,7 @@ func withDefaults(path string, f *file) (*Config, []string) {
 			BackoffBase:  durOr(f.Relay.BackoffBase, 250*time.Millisecond),
 			BackoffMax:   durOr(f.Relay.BackoffMax, time.Minute),
 			KeepSettled:  durOr(f.Relay.KeepSettled, 168*time.Hour),
+			ReoweWindow:  durOr(f.Relay.ReoweWindow, 15*time.Minute),
 		},
 		Reconcile: f.Reconcile.withDefaults(),
 		HTTP: HTTP{

@@ -24,6 +24,9 @@ func (r Relay) validate(requestTimeout time.Duration) []string {
 	if r.KeepSettled < 0 {
 		bad("relay.keep_settled: %s must not be negative", r.KeepSettled)
 	}
+	if r.ReoweWindow < 0 {
+		bad("relay.reowe_window: %s must not be negative", r.ReoweWindow)
+	}
 	return problems
 }
 

@@ -9,6 +9,7 @@ type metrics struct {
 	oldest     *prometheus.GaugeVec
 	deliveries *prometheus.CounterVec
 	takenOver  *prometheus.CounterVec
+	reowed     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -30,6 +31,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Owed credits claimed after another relay's lease on them ran out (that relay died or stalled), by the debit's shard.",
 		}, []string{"shard"}),
 	}
-	reg.MustRegister(m.owed, m.oldest, m.deliveries, m.takenOver)
+	m.reowed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shardgate_credits_reowed_total",
+		Help: "Settled credits owed again because their destination shard became another database (a failover, a restore) within relay.reowe_window of their settling, by destination shard.",
+	}, []string{"shard"})
+	reg.MustRegister(m.owed, m.oldest, m.deliveries, m.takenOver, m.reowed)
 	return m
 }

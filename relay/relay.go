@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -52,6 +53,7 @@ type Relay struct {
 	mu       sync.Mutex
 	down     map[string]shardBackoff // source shards whose claims fail, by name
 	observed map[string]bool         // shards with owed-credit gauges
+	reowe    map[string]bool         // destination shards whose recent credits are to be owed again
 }
 
 type shardBackoff struct {
@@ -61,11 +63,16 @@ type shardBackoff struct {
 
 // New makes a relay for the router whose configuration is cfg; its metrics go to reg.
 func New(cfg *config.Config, topos Topologies, log *slog.Logger, reg prometheus.Registerer) *Relay {
-	return &Relay{
+	r := &Relay{
 		cfg: cfg.Relay, retention: cfg.Idempotency.Retention, timeout: cfg.ShardPool.RequestTimeout,
 		topos: topos, log: log, owner: ownerID(), wake: make(chan struct{}, 1),
 		metrics: newMetrics(reg), down: map[string]shardBackoff{}, observed: map[string]bool{},
+		reowe: map[string]bool{},
 	}
+	topo := topos.HoldTopology()
+	topo.OnIdentityChange(r.identityChanged)
+	topo.Release()
+	return r
 }
 
 // ownerID names this relay in the leases it takes: host, process and a random part, so that two
@@ -110,8 +117,20 @@ func (r *Relay) Run(ctx context.Context) {
 // Pass claims and delivers what every shard owes now, until each has nothing due, and returns
 // how many credits it settled.
 func (r *Relay) Pass(ctx context.Context) int {
+	settled := r.pass(ctx)
+	if r.marked() {
+		// A pass's claims are what connect to a repointed shard first, and so what finds its
+		// identity changed: owe again what it may have lost, and deliver it, at once.
+		settled += r.pass(ctx)
+	}
+	return settled
+}
+
+// pass is one Pass over every shard.
+func (r *Relay) pass(ctx context.Context) int {
 	topo := r.topos.HoldTopology()
 	defer topo.Release()
+	r.reoweMarked(ctx, topo)
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex
@@ -247,6 +266,25 @@ func (r *Relay) send(ctx context.Context, topo *topology.Topology, dest string, 
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
+	// A credit is settled only once it is known to be on dest's synchronous standby, as a
+	// transfer is acknowledged: not after a commit whose wait for the standby was cancelled,
+	// and, for a credit found there already, only after a commit that waited for it.
+	ctx, check := topology.WatchCommits(ctx)
+	res, failed, err = r.sendOn(ctx, conn, reqs)
+	if err == nil {
+		err = check()
+	}
+	if err == nil && slices.ContainsFunc(res, func(x idem.TransferResult) bool { return x.Outcome == idem.Replayed }) {
+		err = conn.ConfirmReplicated(ctx)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return res, failed, nil
+}
+
+// sendOn sends reqs to conn's shard in one statement, or each alone if the shard refuses it.
+func (r *Relay) sendOn(ctx context.Context, conn *topology.Shard, reqs []idem.TransferRequest) (res []idem.TransferResult, failed []error, err error) {
 	failed = make([]error, len(reqs))
 	res, err = idem.TransferBatch(ctx, conn.Pool, reqs)
 	if !refused(err) {

@@ -58,7 +58,12 @@ func newCommitters(cfg *config.Config, reg prometheus.Registerer) *committers {
 // the next group of that shard.
 func (c *committers) transfer(ctx context.Context, shard string, conn *topology.Shard, req idem.TransferRequest) (idem.TransferResult, error) {
 	if c.cfg.MaxBatch <= 1 {
-		return idem.Transfer(ctx, conn.Pool, req)
+		ctx, check := topology.WatchCommits(ctx)
+		res, err := idem.Transfer(ctx, conn.Pool, req)
+		if err == nil {
+			err = check()
+		}
+		return res, err
 	}
 	b, ok := c.byShard.Load(conn)
 	if !ok {
@@ -104,8 +109,24 @@ func (c *committers) newBatcher(shard string, pool *pgxpool.Pool) *batcher {
 // flushGroup sends items as one group. A group that failed with a PostgreSQL error committed
 // nothing (the statement's transaction rolled back), so each item is then sent alone and gets
 // the answer a lone attempt gets. Any other failure leaves the group's outcome unknown, and every
-// item gets that error: its client is told to retry with the same key.
+// item gets that error: its client is told to retry with the same key. So does every item of a
+// commit that stopped waiting for the shard's synchronous standby (topology.ErrNotReplicated):
+// it is on the primary only, and a failover now would lose it.
 func flushGroup(ctx context.Context, pool *pgxpool.Pool, items []idem.TransferRequest) []groupcommit.Result[idem.TransferResult] {
+	ctx, check := topology.WatchCommits(ctx)
+	out := sendGroup(ctx, pool, items)
+	if err := check(); err != nil {
+		for i := range out {
+			if out[i].Err == nil {
+				out[i] = groupcommit.Result[idem.TransferResult]{Err: err}
+			}
+		}
+	}
+	return out
+}
+
+// sendGroup is flushGroup without the check of the commits' synchronous replication.
+func sendGroup(ctx context.Context, pool *pgxpool.Pool, items []idem.TransferRequest) []groupcommit.Result[idem.TransferResult] {
 	out := make([]groupcommit.Result[idem.TransferResult], len(items))
 	if len(items) == 1 {
 		out[0].Value, out[0].Err = idem.Transfer(ctx, pool, items[0])

@@ -77,7 +77,7 @@ func BenchmarkReplayCache(b *testing.B) {
 	b.Run("remember", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			s.replays.remember(req, res)
+			s.replays.remember("s1", req, res)
 		}
 	})
 	b.Run("get", func(b *testing.B) {
@@ -116,7 +116,7 @@ func BenchmarkPostTransferReplay(b *testing.B) {
 				b.Fatal(rej.detail)
 			}
 			req := s.buildRequest(first, a)
-			s.replays.remember(req, idem.TransferResult{Outcome: idem.Applied, Response: req.Response})
+			s.replays.remember("s1", req, idem.TransferResult{Outcome: idem.Applied, Response: req.Response})
 			body := strings.NewReader(bc.body)
 			r := benchRequest(bc.body)
 			b.ReportAllocs()

@@ -32,6 +32,7 @@ type metrics struct {
 	shardTime      *prometheus.HistogramVec
 	reloads        *prometheus.CounterVec
 	recordsMissing *prometheus.CounterVec
+	identities     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, topo *atomic.Pointer[topology.Topology]) *metrics {
@@ -57,7 +58,11 @@ func newMetrics(reg prometheus.Registerer, topo *atomic.Pointer[topology.Topolog
 		Name: "shardgate_idempotency_records_missing_total",
 		Help: "Transfers whose debit is in the shard's ledger, younger than retention, but whose idempotency record is missing (a partition detached by hand, say); answered 503 idempotency-record-missing.",
 	}, []string{"shard"})
-	reg.MustRegister(m.transfers, m.shardTime, m.reloads, m.recordsMissing, &poolCollector{topo: topo})
+	m.identities = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shardgate_shard_identity_changes_total",
+		Help: "Times a shard's new connection reached a database other than the one its connections reached before (another system identifier or timeline: a promoted standby, a restore).",
+	}, []string{"shard"})
+	reg.MustRegister(m.transfers, m.shardTime, m.reloads, m.recordsMissing, m.identities, &poolCollector{topo: topo})
 	return m
 }
 

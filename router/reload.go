@@ -70,6 +70,14 @@ func (s *Server) reload(path string) (ReloadResult, error) {
 	}
 	s.topo.Store(next)
 	s.groups.forget(next)
+	for _, name := range d.Added {
+		s.metrics.identities.WithLabelValues(name)
+	}
+	for _, name := range d.DSNChanged {
+		// A shard repointed is often a shard failed over: until its new database's identity is
+		// read, what it answered before is not trusted.
+		s.replays.dropShard(name)
+	}
 	go cur.Retire(next)
 	return ReloadApplied, nil
 }

@@ -16,6 +16,12 @@ import (
 // cached replay cannot outlive retention for a retry the router accepts. What it costs: memory
 // (max_entries × (key + response), about 1 KB each), and a replay may be served for a record a
 // DBA deleted by hand within the last TTL.
+//
+// On a shard with synchronous standbys an answer is remembered only once it is known to be on
+// them (see transferAt), so a failover to a synchronous standby leaves every entry true. A shard
+// whose identity changes (a failover to an asynchronous standby, a restore) may have lost what
+// its entries say is done: they are dropped (dropShard) when the router first connects to the
+// new database, and when a reload gives the shard a new DSN.
 type replayCache struct {
 	lru *expirable.LRU[cacheKey, cachedReplay]
 }
@@ -25,6 +31,7 @@ type replayCache struct {
 type cacheKey struct{ scope, key string }
 
 type cachedReplay struct {
+	shard       string // that answered it
 	requestHash string
 	response    idem.Response
 }
@@ -50,10 +57,25 @@ func (c *replayCache) get(scope, key, requestHash string) (idem.Response, bool) 
 	return e.response, true
 }
 
-// remember records a shard's answer if it says the key is completed.
-func (c *replayCache) remember(req idem.TransferRequest, res idem.TransferResult) {
+// remember records shard's answer if it says the key is completed.
+func (c *replayCache) remember(shard string, req idem.TransferRequest, res idem.TransferResult) {
 	if c == nil || (res.Outcome != idem.Applied && res.Outcome != idem.Replayed) {
 		return
 	}
-	c.lru.Add(cacheKey{req.Scope, req.Key}, cachedReplay{requestHash: req.RequestHash, response: res.Response})
+	c.lru.Add(cacheKey{req.Scope, req.Key}, cachedReplay{shard: shard, requestHash: req.RequestHash, response: res.Response})
+}
+
+// dropShard forgets every answer of shard and returns how many there were.
+func (c *replayCache) dropShard(shard string) int {
+	if c == nil {
+		return 0
+	}
+	n := 0
+	for _, k := range c.lru.Keys() {
+		if e, ok := c.lru.Peek(k); ok && e.shard == shard {
+			c.lru.Remove(k)
+			n++
+		}
+	}
+	return n
 }

@@ -63,6 +63,9 @@ func New(cfg *config.Config, topo *topology.Topology, log *slog.Logger, reg *pro
 	s.buffer = newRangeBuffer(cfg.Buffering, s.metrics.buffer)
 	s.groups = newCommitters(cfg, reg)
 	s.replays = newReplayCache(cfg.ReplayCache)
+	topo.OnIdentityChange(s.identityChanged)
+	// Each shard's series exists from the start, so that an alert sees its first change.
+	topo.Each(func(name string, _ *topology.Shard) { s.metrics.identities.WithLabelValues(name) })
 	s.mux.HandleFunc("POST /transfers", s.postTransfer)
 	s.mux.Handle("GET /openapi.yaml", api.Handler())
 	s.mux.HandleFunc("GET /transfers/{id}", s.getTransfer)
@@ -85,6 +88,17 @@ func New(cfg *config.Config, topo *topology.Topology, log *slog.Logger, reg *pro
 		s.mux.Handle("GET /admin/", s.admin)
 	}
 	return s
+}
+
+// identityChanged handles a shard that is no longer the database it was: the replay cache's
+// answers from it may speak of transfers the new database lacks, so they are dropped; the event
+// is counted and logged for an operator, who runs reconcile for the shard.
+func (s *Server) identityChanged(c topology.IdentityChange) {
+	n := s.replays.dropShard(c.Shard)
+	s.metrics.identities.WithLabelValues(c.Shard).Inc()
+	s.log.Error("SHARD IDENTITY CHANGED: the shard's connections reach another database than before (a promoted standby, a restore); "+
+		"transfers acknowledged shortly before may be missing from it: run `router reconcile` for this shard",
+		"shard", c.Shard, "old_identity", c.Old.String(), "new_identity", c.New.String(), "replay_cache_entries_dropped", n)
 }
 
 // AdminHandler serves /metrics and /admin/*, for the admin listener (config admin.listen).
@@ -194,6 +208,11 @@ func (s *Server) shardFailure(w http.ResponseWriter, shard string, err error, re
 	case errors.Is(err, topology.ErrShardBusy):
 		writeProblem(w, probShardBusy, retry, s.cfg.ShardPool.RetryAfter)
 		return outShardBusy
+	case errors.Is(err, topology.ErrNotReplicated):
+		s.log.Warn("a commit stopped waiting for the shard's synchronous standby (its wait was cancelled on the server); answered as an unknown outcome",
+			"shard", shard)
+		writeProblem(w, probShardUnavailable, retry, s.cfg.ShardPool.RetryAfter)
+		return outShardUnavailable
 	case errors.Is(err, idem.ErrNoPartition):
 		s.log.Error("idempotency partition missing; transfers on this shard are refused until `router maintain` runs", "shard", shard, "err", err)
 		writeProblem(w, probStorageNotReady, retry, s.cfg.ShardPool.RetryAfter)

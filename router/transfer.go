@@ -224,8 +224,14 @@ func (s *Server) transferAt(ctx context.Context, topo *topology.Topology, shard 
 	defer conn.Leave()
 	start := time.Now()
 	res, err := s.groups.transfer(ctx, shard.Name, conn, req)
+	if err == nil && needsConfirm(res.Outcome) {
+		// The record was found, not written, by this call: it may be a commit whose wait for the
+		// synchronous standby was cancelled, visible here but missing on the standby. A commit
+		// made now that waits for the standby covers it.
+		err = conn.ConfirmReplicated(ctx)
+	}
 	if err == nil {
-		s.replays.remember(req, res)
+		s.replays.remember(shard.Name, req, res)
 		if res.Outcome == idem.Applied && !res.CreditSettled && s.owed != nil {
 			s.owed()
 		}
@@ -236,6 +242,13 @@ func (s *Server) transferAt(ctx context.Context, topo *topology.Topology, shard 
 	}
 	s.metrics.shardTime.WithLabelValues(shard.Name, outcome).Observe(time.Since(start).Seconds())
 	return shard.Name, res, err
+}
+
+// needsConfirm reports the outcomes that answer from a record the shard already held, which
+// are final for the client: on a shard with synchronous standbys they are sent only once that
+// record is known to be on the standbys.
+func needsConfirm(o idem.Outcome) bool {
+	return o == idem.Replayed || o == idem.KeyReused || o == idem.Expired
 }
 
 // ReloadAtLeast reloads the shard map unless another request already did, and reports whether

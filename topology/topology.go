@@ -27,6 +27,8 @@ type Topology struct {
 
 	// Requests hold the topology while they use its pools; a retired topology takes no new
 	// users and closes its own pools only after the last user left.
+	ids *identities // what each shard's connections found it to be, shared along reloads
+
 	mu      sync.Mutex
 	users   int
 	retired bool
@@ -73,6 +75,7 @@ func (t *Topology) Retire(next *Topology) {
 type Shard struct {
 	Pool  *pgxpool.Pool
 	slots chan struct{}
+	state *shardState
 }
 
 // ErrShardBusy means every slot of the shard is taken.
@@ -110,6 +113,10 @@ func Open(m *shardmap.Map, prev *Topology, sp config.ShardPool) (*Topology, erro
 		Map:    m,
 		shards: make(map[string]*Shard, len(m.Shards)),
 		idle:   make(chan struct{}),
+		ids:    newIdentities(),
+	}
+	if prev != nil {
+		t.ids = prev.ids
 	}
 	for _, s := range m.Shards {
 		if prev != nil {
@@ -118,12 +125,13 @@ func Open(m *shardmap.Map, prev *Topology, sp config.ShardPool) (*Topology, erro
 				continue
 			}
 		}
-		pool, err := OpenPool(s, sp)
+		state := newShardState(s.Name, t.ids)
+		pool, err := openPool(s, sp, state)
 		if err != nil {
 			t.closeNotIn(prev)
 			return nil, err
 		}
-		t.shards[s.Name] = &Shard{Pool: pool, slots: make(chan struct{}, int(pool.Config().MaxConns)+sp.MaxWaiting)}
+		t.shards[s.Name] = &Shard{Pool: pool, slots: make(chan struct{}, int(pool.Config().MaxConns)+sp.MaxWaiting), state: state}
 	}
 	return t, nil
 }
@@ -141,7 +149,17 @@ func OpenForCommand(m *shardmap.Map, sp config.ShardPool) (*Topology, error) {
 // an application_name unless the DSN names one, and READ COMMITTED pinned for every session,
 // which the transfer functions rely on (a fresh snapshot after its key lock) whatever the
 // database's default is.
+//
+// A query whose context ends closes its connection and no cancel request is ever sent (see
+// closeOnCancel and noCancelRequests), and the server ends a statement whose client went away within a second
+// (client_connection_check_interval), so a statement stuck on a lock still ends on the server
+// while a commit waiting for its synchronous standby keeps waiting.
 func OpenPool(s shardmap.Shard, sp config.ShardPool) (*pgxpool.Pool, error) {
+	return openPool(s, sp, newShardState(s.Name, nil))
+}
+
+// openPool is OpenPool recording what each new connection learns about the shard in state.
+func openPool(s shardmap.Shard, sp config.ShardPool, state *shardState) (*pgxpool.Pool, error) {
 	cfg, err := dsn.PoolConfig(s.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("shard %s: dsn: %w", s.Name, err)
@@ -158,6 +176,14 @@ func OpenPool(s shardmap.Shard, sp config.ShardPool) (*pgxpool.Pool, error) {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "shardgate"
 	}
 	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed"
+	if _, ok := cfg.ConnConfig.RuntimeParams["client_connection_check_interval"]; !ok {
+		cfg.ConnConfig.RuntimeParams["client_connection_check_interval"] = "1000"
+	}
+	cfg.ConnConfig.BuildContextWatcherHandler = closeOnCancel
+	cfg.BeforeConnect = noCancelRequests
+	cfg.ConnConfig.OnNotice = watcher.onNotice
+	cfg.ConnConfig.Tracer = watcher
+	cfg.AfterConnect = state.afterConnect
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("shard %s: %w", s.Name, err)

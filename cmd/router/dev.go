@@ -30,6 +30,7 @@ func dev(ctx context.Context, args []string, out io.Writer, log *slog.Logger) er
 	n := fs.Int("shards", 2, "number of local PostgreSQL shards (1-16); a kept sandbox keeps its own number")
 	listen := fs.String("listen", "127.0.0.1:8080", "address to serve on")
 	dir := fs.String("dir", "", "directory for shard data, router.yaml and shardmap.yaml, kept across runs (default: a temporary directory, removed on exit)")
+	standby := fs.Bool("standby", false, "give each shard a synchronous streaming standby (made afresh at each start), to rehearse a failover")
 	if err := parseFlags(fs, args, out); err != nil {
 		return err
 	}
@@ -58,7 +59,7 @@ func dev(ctx context.Context, args []string, out io.Writer, log *slog.Logger) er
 		return fmt.Errorf("dev: %w (choose another with --listen)", err)
 	}
 	fmt.Fprintf(out, "starting %d PostgreSQL shards under %s ...\n", sb.n, base)
-	dsns, stopShards, err := startDevShards(ctx, sb.n, filepath.Join(base, "shards"))
+	dsns, stopShards, err := startDevShards(ctx, sb.n, filepath.Join(base, "shards"), *standby, out)
 	if err != nil {
 		ln.Close()
 		return err

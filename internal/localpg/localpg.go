@@ -83,6 +83,7 @@ type Server struct {
 	mu       sync.Mutex
 	proc     *process  // nil while stopped
 	watchdog *watchdog // non-nil while paused
+	stalled  int       // the pid of a WAL receiver stopped by StallReceiver
 	closed   bool
 }
 
