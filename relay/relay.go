@@ -247,7 +247,22 @@ func (r *Relay) deliverTo(ctx context.Context, topo *topology.Topology, source, 
 	for reason, ids := range retry {
 		r.reschedule(ctx, topo, source, ids, reason)
 	}
-	return r.settle(ctx, topo, source, dest, landed)
+	settled := r.settle(ctx, topo, source, dest, landed)
+	r.observeDelays(dest, group, settled)
+	return len(settled)
+}
+
+// observeDelays records, for each credit of group now settled, the time from its debit to its
+// credit. Both times are as the shards' ledgers hold them (debited_at on the source, the
+// credit's created_at on dest): each is its transaction's time on its own shard's clock, so the
+// delay is exact up to the skew between the two clocks, which NTP keeps to about a millisecond;
+// a delay that skew makes negative counts as 0.
+func (r *Relay) observeDelays(dest string, group []idem.OwedCredit, settled map[string]time.Time) {
+	for _, c := range group {
+		if at, ok := settled[c.TransferID]; ok {
+			r.metrics.delay.WithLabelValues(dest).Observe(max(at.Sub(c.DebitedAt).Seconds(), 0))
+		}
+	}
 }
 
 // send runs the credit legs of group on dest, as one group. If the shard refuses the group
@@ -315,11 +330,11 @@ func refused(err error) bool {
 }
 
 // settle marks landed (credits now in dest's ledger) settled on source, at their time in dest's
-// ledger, and returns how many. If this fails the leases run out and the credits are delivered
-// again: they replay.
-func (r *Relay) settle(ctx context.Context, topo *topology.Topology, source, dest string, landed []string) int {
+// ledger, and returns those it settled with their time there. If this fails the leases run out
+// and the credits are delivered again: they replay.
+func (r *Relay) settle(ctx context.Context, topo *topology.Topology, source, dest string, landed []string) map[string]time.Time {
 	if len(landed) == 0 {
-		return 0
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
@@ -330,7 +345,7 @@ func (r *Relay) settle(ctx context.Context, topo *topology.Topology, source, des
 	if err != nil {
 		r.log.Warn("credits delivered but not marked settled; they will be delivered again and replay",
 			"from", source, "to", dest, "credits", len(landed), "err", scrub(topo, err))
-		return 0
+		return nil
 	}
 	var missing []string
 	for _, id := range landed {
@@ -343,7 +358,7 @@ func (r *Relay) settle(ctx context.Context, topo *topology.Topology, source, des
 		// next delivery goes to the new owner and replays there.
 		r.reschedule(ctx, topo, source, missing, "delivered to "+dest+" but not found there afterwards (dst's range moved?)")
 	}
-	return len(times)
+	return times
 }
 
 // reschedule gives back the leases of ids on source with reason, each due again after its backoff.

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -627,5 +628,53 @@ func (c *cluster) postpone(shards, ids []string) {
 		if _, err := c.pool(shard).Exec(context.Background(), "UPDATE shardgate_credit_outbox SET next_attempt_at = now() + interval '1 hour' WHERE transfer_id = ANY($1)", ids); err != nil {
 			c.t.Fatal(err)
 		}
+	}
+}
+
+// Each settled credit's time from its debit to its credit is observed once, on dst's shard's
+// series, as the two ledgers record it: no credit of a debit written at least 100 ms before the
+// pass is seen faster, and none slower than the time the test took.
+func TestCreditDelayIsObserved(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t, "a", "b")
+	m := c.mapOf(1, "a=-80 b=80-")
+	c.apply(m)
+	start := dbNow(t, c)
+	trs := pairs(append(accounts(t, "-80", 2), accounts(t, "80-", 3)...))
+	c.debit(m, trs)
+	time.Sleep(100 * time.Millisecond)
+	cfg := relayConfig(t)
+	r := newRelay(cfg, newTopos(t, cfg, m))
+	if n := r.Pass(ctx); n != 12 {
+		t.Fatalf("Pass settled %d credits, want 12", n)
+	}
+	took := dbNow(t, c).Sub(start).Seconds()
+	families, err := r.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]uint64{}
+	for _, f := range families {
+		if f.GetName() != "shardgate_credit_delay_seconds" {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			h, shard := s.GetHistogram(), s.GetLabel()[0].GetValue()
+			got[shard] = h.GetSampleCount()
+			if h.GetSampleSum() > float64(h.GetSampleCount())*took {
+				t.Errorf("credits to %s took %.3f s in all, more than %d × the test's %.3f s", shard, h.GetSampleSum(), h.GetSampleCount(), took)
+			}
+			for _, b := range h.GetBucket() {
+				if b.GetUpperBound() < 0.1 && b.GetCumulativeCount() != 0 {
+					t.Errorf("credits to %s: %d observed within %v s of their debit, want none under 0.1 s", shard, b.GetCumulativeCount(), b.GetUpperBound())
+				}
+			}
+		}
+	}
+	if want := map[string]uint64{"a": 6, "b": 6}; !maps.Equal(got, want) {
+		t.Errorf("credit delays observed per destination shard: %v, want %v", got, want)
+	}
+	if n := r.Pass(ctx); n != 0 {
+		t.Errorf("a second Pass settled %d credits, want none", n)
 	}
 }
