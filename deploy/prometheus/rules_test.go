@@ -199,7 +199,7 @@ func TestRulesAreCompleteAndNameExportedMetrics(t *testing.T) {
 		t.Error("no recording rule shardgate:replay_ratio:rate5m")
 	}
 	// What must be alerted on: upkeep behind, no future partition, drops not happening, a
-	// jump of the replay rate, credits owed too long, credit delivery conflicts, stalling groups,
+	// jump of the replay rate, credits owed too long, slow credits, credit delivery conflicts, stalling groups,
 	// a ledger discrepancy, a reconcile that no longer completes, requests for a moving range
 	// answered 503.
 	for _, n := range []string{
@@ -209,6 +209,7 @@ func TestRulesAreCompleteAndNameExportedMetrics(t *testing.T) {
 		"shardgate:replay_ratio:rate5m",
 		"shardgate_credit_oldest_owed_age_seconds",
 		"shardgate_credit_deliveries_total",
+		"shardgate_credit_delay_seconds_bucket",
 		"shardgate_group_commit_stalls_total",
 		"shardgate_reconcile_discrepancies",
 		"shardgate_reconcile_last_success_timestamp_seconds",
