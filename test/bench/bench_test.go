@@ -166,7 +166,9 @@ func BenchmarkTransfers(b *testing.B) {
 	for _, c := range s.concurrency {
 		phases += len(phasesAt(c, s))
 	}
-	budget := time.Duration(s.rounds) * (time.Duration(phases)*(s.duration+2*time.Second) + time.Duration(len(s.concurrency))*2*warmup)
+	// Each level warms two routers and the peer up; its cross-shard phase has a router of its
+	// own, warmed up too, and waits for its credits and its connections to close.
+	budget := time.Duration(s.rounds) * (time.Duration(phases)*(s.duration+2*time.Second) + time.Duration(len(s.concurrency))*(4*warmup+10*time.Second))
 	ctx, cancel := context.WithTimeout(context.Background(), budget+5*time.Minute)
 	defer cancel()
 
@@ -187,8 +189,12 @@ const (
 	anchorRow row = iota
 	functionRow
 	routerNewRow
+	// crossNewRow is the router on new keys whose src and dst live on two shards.
+	crossNewRow
 	routerReplayRow
 	floorRow
+	// peerRow is the hand-written one-database service (peerHandler) on new keys.
+	peerRow
 	// routerOffRow is the router on new keys with group commit off, measured only at the
 	// latency concurrencies; it is reported in the latency table.
 	routerOffRow
@@ -196,12 +202,12 @@ const (
 )
 
 func (r row) String() string {
-	return [...]string{"anchor CTE", "function", "router new", "router replay", "floor", "router new, group commit off"}[r]
+	return [...]string{"anchor CTE", "function", "router new", "router cross new", "router replay", "floor", "peer new", "router new, group commit off"}[r]
 }
 
 // phasesAt lists the rows measured at concurrency c, in the order a round measures them.
 func phasesAt(c int, s settings) []row {
-	rows := []row{anchorRow, functionRow, routerNewRow, routerReplayRow, floorRow}
+	rows := []row{anchorRow, functionRow, routerNewRow, crossNewRow, routerReplayRow, floorRow, peerRow}
 	if slices.Contains(s.latency, c) {
 		rows = slices.Insert(rows, 3, routerOffRow)
 	}
@@ -217,6 +223,10 @@ type measurement struct {
 	elapsed   time.Duration   // pgbench's excludes connecting, as its tps does
 	latencies []time.Duration // of each request, sorted; load generator phases only
 	groups    groupStats      // the router's groups in the phase; router on new keys only
+	credit    delays          // times to credit in the phase; cross-shard only
+	// commits is what the cross shards committed over a cross-shard router's life, committed
+	// the transfers it created meanwhile (its warm-up's too); cross-shard only.
+	commits, committed int64
 }
 
 func (m measurement) tps() float64 {
@@ -230,6 +240,9 @@ func (m *measurement) add(o measurement) {
 	m.txns += o.txns
 	m.elapsed += o.elapsed
 	m.groups = m.groups.plus(o.groups)
+	m.credit = m.credit.plus(o.credit)
+	m.commits += o.commits
+	m.committed += o.committed
 	if len(o.latencies) > 0 {
 		m.latencies = append(m.latencies, o.latencies...)
 		slices.Sort(m.latencies)
@@ -273,7 +286,8 @@ func report(f *fixture, s settings, res results) string {
 	for _, q := range []struct {
 		name     string
 		num, den row
-	}{{"router/anchor", routerNewRow, anchorRow}, {"replay/floor", routerReplayRow, floorRow}} {
+	}{{"router/anchor", routerNewRow, anchorRow}, {"replay/floor", routerReplayRow, floorRow},
+		{"cross/same", crossNewRow, routerNewRow}, {"same/peer", routerNewRow, peerRow}} {
 		fmt.Fprintf(&out, label, q.name)
 		for i := range s.concurrency {
 			fmt.Fprintf(&out, "%10s", ratio(res[i][q.num], res[i][q.den]))
@@ -281,6 +295,7 @@ func report(f *fixture, s settings, res results) string {
 		out.WriteByte('\n')
 	}
 	out.WriteString(groupLines(s, res, label))
+	out.WriteString(newKeyLines(s, res, label))
 	if len(s.latency) > 0 {
 		out.WriteString(latencyTable(s, res, label))
 	}
@@ -309,6 +324,58 @@ func groupLines(s settings, res results, label string) string {
 				cell = line.cell(g)
 			}
 			fmt.Fprintf(&out, "%10s", cell)
+		}
+		out.WriteByte('\n')
+	}
+	return out.String()
+}
+
+// newKeyLines formats, per concurrency, the latency on new keys of the router with src and dst on
+// one shard, with them on two, and of the peer; a cross-shard transfer's time to credit (from its
+// debit's commit until its credit is in dst's ledger, as the relay's histogram
+// shardgate_credit_delay_seconds estimates it); and the commits per cross-shard transfer summed
+// over both shards.
+func newKeyLines(s settings, res results, label string) string {
+	var out strings.Builder
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
+	latency := func(r row, p float64) func(m [numRows]measurement) string {
+		return func(m [numRows]measurement) string {
+			if len(m[r].latencies) == 0 {
+				return "n/a"
+			}
+			return ms(percentile(m[r].latencies, p))
+		}
+	}
+	credit := func(p float64) func(m [numRows]measurement) string {
+		return func(m [numRows]measurement) string {
+			if d, ok := m[crossNewRow].credit.quantile(p); ok {
+				return ms(d)
+			}
+			return "n/a"
+		}
+	}
+	for _, line := range []struct {
+		name string
+		cell func(m [numRows]measurement) string
+	}{
+		{"same p50 ms", latency(routerNewRow, 0.50)},
+		{"same p99 ms", latency(routerNewRow, 0.99)},
+		{"cross p50 ms", latency(crossNewRow, 0.50)},
+		{"cross p99 ms", latency(crossNewRow, 0.99)},
+		{"peer p50 ms", latency(peerRow, 0.50)},
+		{"peer p99 ms", latency(peerRow, 0.99)},
+		{"credit p50 ms", credit(0.50)},
+		{"credit p99 ms", credit(0.99)},
+		{"cross commits/t", func(m [numRows]measurement) string {
+			if m[crossNewRow].committed == 0 {
+				return "n/a"
+			}
+			return fmt.Sprintf("%.2f", float64(m[crossNewRow].commits)/float64(m[crossNewRow].committed))
+		}},
+	} {
+		fmt.Fprintf(&out, label, line.name)
+		for i := range s.concurrency {
+			fmt.Fprintf(&out, "%10s", line.cell(res[i]))
 		}
 		out.WriteByte('\n')
 	}

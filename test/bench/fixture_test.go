@@ -58,6 +58,7 @@ type fixture struct {
 	base     *config.Config // what every router's config has but its pool and group commit
 	floor    *server
 	pgbench  pgbench
+	cross    *crossShards      // the cross-shard phases' two shards
 	vars     map[string]string // transfer_new.sql's -D values but n
 	created  []transfer        // by the routers, for their replays
 	runs     int               // of transfer_new.sql so far
@@ -85,6 +86,9 @@ func setup(ctx context.Context, b *testing.B, s settings, pgbenchBin string) *fi
 	if err := f.prepareShard(ctx); err != nil {
 		b.Fatal(err)
 	}
+	if err := f.prepareCross(ctx); err != nil {
+		b.Fatal(err)
+	}
 	var err error
 	if f.floor, err = serve(floorHandler(f.base.Transfers.DefaultCurrency), f.base.HTTP, slices.Max(s.concurrency)); err != nil {
 		b.Fatal(err)
@@ -106,8 +110,9 @@ func setup(ctx context.Context, b *testing.B, s settings, pgbenchBin string) *fi
 // startPostgres starts the server, refusing to go on unless it is durable.
 func (f *fixture) startPostgres(ctx context.Context, b *testing.B, maxC int) {
 	// Two pgbench runs' connections (one's may still be closing as the next opens its own), two
-	// routers' pools (group commit on and off), the admin pool, and some to spare.
-	f.maxConns = 2*maxC + 2*min(maxC, routerMaxConns) + 20
+	// routers' pools (group commit on and off), the cross-shard router's two and the peer's, the
+	// admin pool, and some to spare.
+	f.maxConns = 2*maxC + 5*min(maxC, routerMaxConns) + 30
 	pg, err := localpg.Start(ctx, localpg.Options{
 		Dir:      filepath.Join(f.dir, "pg"),
 		User:     pgUser,
@@ -149,14 +154,17 @@ func (f *fixture) prepareShard(ctx context.Context) error {
 	if _, err := idem.EnsurePartitions(ctx, f.admin, partition.Daily, time.Now(), 2); err != nil {
 		return err
 	}
-	anchorTables, err := os.ReadFile(filepath.Join("testdata", "anchor_schema.sql"))
-	if err != nil {
-		return err
-	}
-	if _, err := f.admin.Exec(ctx, string(anchorTables)); err != nil {
-		return fmt.Errorf("creating the anchor's tables: %w", err)
+	for _, schema := range []string{"anchor", "peer"} {
+		tables, err := os.ReadFile(filepath.Join("testdata", schema+"_schema.sql"))
+		if err != nil {
+			return err
+		}
+		if _, err := f.admin.Exec(ctx, string(tables)); err != nil {
+			return fmt.Errorf("creating the %s's tables: %w", schema, err)
+		}
 	}
 	mapPath := filepath.Join(f.dir, "shardmap.yaml")
+	var err error
 	mapYAML := fmt.Sprintf("version: 1\nshards:\n  - name: shard-0\n    dsn: %s\n    ranges: [\"-\"]\n", f.pg.DSN())
 	if err := os.WriteFile(mapPath, []byte(mapYAML), 0o600); err != nil {
 		return err
@@ -186,13 +194,20 @@ type routerServer struct {
 	svc *service.Service
 }
 
-// startRouter builds and serves a router for concurrency c with group commit's max_batch.
+// startRouter builds and serves a router of the bench shard for concurrency c with group
+// commit's max_batch.
 func (f *fixture) startRouter(c, maxBatch int) (*routerServer, error) {
+	return f.startRouterOn(f.shardMap, c, maxBatch)
+}
+
+// startRouterOn builds and serves a router of the shards of m for concurrency c with group
+// commit's max_batch. Its relay does not run unless the caller runs it.
+func (f *fixture) startRouterOn(m *shardmap.Map, c, maxBatch int) (*routerServer, error) {
 	cfg, err := f.routerConfig(c, maxBatch)
 	if err != nil {
 		return nil, err
 	}
-	svc, err := service.New(cfg, f.shardMap, f.log)
+	svc, err := service.New(cfg, m, f.log)
 	if err != nil {
 		return nil, err
 	}

@@ -22,10 +22,13 @@ type transfer struct {
 
 // newTransfer returns a transfer of amount from src to src+1 under a fresh key, a UUIDv7 as the
 // Go client mints them.
-func newTransfer(src, amount int64) transfer {
+func newTransfer(src, amount int64) transfer { return newTransferTo(src, src+1, amount) }
+
+// newTransferTo returns a transfer of amount from src to dst under a fresh key.
+func newTransferTo(src, dst, amount int64) transfer {
 	return transfer{
 		key:  uuid.Must(uuid.NewV7()).String(),
-		body: fmt.Appendf(nil, `{"src": %d, "dst": %d, "amount": %d}`, src, src+1, amount),
+		body: fmt.Appendf(nil, `{"src": %d, "dst": %d, "amount": %d}`, src, dst, amount),
 	}
 }
 
@@ -34,6 +37,9 @@ func newTransfer(src, amount int64) transfer {
 type loadgen struct {
 	client *http.Client
 	url    string // http://host:port/transfers
+	// pick chooses a new transfer's accounts; nil picks src among the first million and dst =
+	// src+1, which the one bench shard both owns.
+	pick func(rng *rand.Rand) (src, dst int64)
 }
 
 // newLoadgen returns a load generator for the server at baseURL that keeps a connection alive
@@ -87,9 +93,13 @@ func (g *loadgen) run(ctx context.Context, workers int, d time.Duration, replay 
 			res.latencies = make([]time.Duration, 0, 1024)
 			for time.Now().Before(deadline) && ctx.Err() == nil {
 				var t transfer
-				if replay == nil {
+				switch {
+				case replay == nil && g.pick != nil:
+					src, dst := g.pick(rng)
+					t = newTransferTo(src, dst, rng.Int64N(100_000)+1)
+				case replay == nil:
 					t = newTransfer(rng.Int64N(1_000_000)+1, rng.Int64N(100_000)+1)
-				} else {
+				default:
 					t = replay[rng.IntN(len(replay))]
 				}
 				sent := time.Now()

@@ -35,13 +35,22 @@ func (f *fixture) runLevel(ctx context.Context, b *testing.B, s settings, round,
 	if _, err := f.runLoad(ctx, f.floor, c, floorWarmup, nil, false); err != nil {
 		b.Fatalf("warming the floor up at c=%d: %v", c, err)
 	}
+	peer, err := f.startPeer(ctx, c)
+	if err != nil {
+		b.Fatalf("peer at c=%d: %v", c, err)
+	}
+	defer func() {
+		if err := peer.close(); err != nil {
+			b.Error(err)
+		}
+	}()
 	order := phasesAt(c, s)
 	if round%2 == 1 {
 		slices.Reverse(order)
 	}
 	for _, r := range order {
 		name := fmt.Sprintf("round %d, c=%d, %s", round+1, c, r)
-		res[r].add(f.phase(ctx, b, name, r, func() (measurement, error) { return f.measure(ctx, r, c, s.duration, on, off) }))
+		res[r].add(f.phase(ctx, b, name, r, func() (measurement, error) { return f.measure(ctx, r, c, s.duration, on, off, peer.server) }))
 	}
 }
 
@@ -60,8 +69,8 @@ func (f *fixture) startWarmRouter(ctx context.Context, c, maxBatch int) (*router
 }
 
 // measure runs row r's phase at concurrency c for d; on and off are the level's routers with
-// group commit on and off (off only at the latency concurrencies).
-func (f *fixture) measure(ctx context.Context, r row, c int, d time.Duration, on, off *routerServer) (measurement, error) {
+// group commit on and off (off only at the latency concurrencies), peer its peer.
+func (f *fixture) measure(ctx context.Context, r row, c int, d time.Duration, on, off *routerServer, peer *server) (measurement, error) {
 	switch r {
 	case anchorRow:
 		return f.runPgbench(ctx, pgbenchRun{script: "anchor.sql", clients: c, duration: d, searchPath: anchorSchema})
@@ -94,6 +103,10 @@ func (f *fixture) measure(ctx context.Context, r row, c int, d time.Duration, on
 		return f.runLoad(ctx, on.server, c, d, f.created, false)
 	case floorRow:
 		return f.runLoad(ctx, f.floor, c, d, nil, false)
+	case crossNewRow:
+		return f.measureCross(ctx, c, d)
+	case peerRow:
+		return f.runLoad(ctx, peer, c, d, nil, false)
 	}
 	return measurement{}, fmt.Errorf("no phase measures row %d", r)
 }
@@ -136,22 +149,26 @@ func (f *fixture) runPgbench(ctx context.Context, r pgbenchRun) (measurement, er
 	return measurement{txns: rep.processed, elapsed: elapsed}, nil
 }
 
-// tableCounts are the rows of the tables the phases write: the shard's ledger and idempotency
-// records, and the anchor's ledger and key table.
+// tableCounts are the rows of the tables the phases write in the bench shard's database: the
+// shard's ledger and idempotency records, the anchor's ledger and key table, and the peer's.
+// (The cross-shard phases write on shards of their own and check them themselves.)
 type tableCounts struct {
-	ledger, records, anchorLedger, anchorKeys int64
+	ledger, records, anchorLedger, anchorKeys, peerLedger, peerKeys int64
 }
 
 // wants is what a phase of row r that counted txns transactions must add to the tables: a
 // new-key transfer two ledger rows (its debit, and its credit, written in the same transaction
 // because the one bench shard owns dst too) and one record, an anchor transaction one row in each
-// of its tables, a replay or the floor nothing.
+// of its tables, a peer transfer two rows in its ledger and one key, a replay, the floor or a
+// cross-shard transfer nothing here.
 func (r row) wants(txns int64) tableCounts {
 	switch r {
 	case anchorRow:
 		return tableCounts{anchorLedger: txns, anchorKeys: txns}
 	case functionRow, routerNewRow, routerOffRow:
 		return tableCounts{ledger: 2 * txns, records: txns}
+	case peerRow:
+		return tableCounts{peerLedger: 2 * txns, peerKeys: txns}
 	}
 	return tableCounts{}
 }
@@ -159,8 +176,9 @@ func (r row) wants(txns int64) tableCounts {
 func (f *fixture) counts(ctx context.Context) (tableCounts, error) {
 	var n tableCounts
 	err := f.admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM ledger_entries), (SELECT count(*) FROM idempotency_record),
-		(SELECT count(*) FROM `+anchorSchema+`.ledger), (SELECT count(*) FROM `+anchorSchema+`.idem)`).
-		Scan(&n.ledger, &n.records, &n.anchorLedger, &n.anchorKeys)
+		(SELECT count(*) FROM `+anchorSchema+`.ledger), (SELECT count(*) FROM `+anchorSchema+`.idem),
+		(SELECT count(*) FROM peer.ledger), (SELECT count(*) FROM peer.idem)`).
+		Scan(&n.ledger, &n.records, &n.anchorLedger, &n.anchorKeys, &n.peerLedger, &n.peerKeys)
 	if err != nil {
 		return n, fmt.Errorf("counting rows: %w", err)
 	}
@@ -178,7 +196,8 @@ func (f *fixture) check(ctx context.Context, r row, txns int64, before tableCoun
 		return err
 	}
 	got := tableCounts{after.ledger - before.ledger, after.records - before.records,
-		after.anchorLedger - before.anchorLedger, after.anchorKeys - before.anchorKeys}
+		after.anchorLedger - before.anchorLedger, after.anchorKeys - before.anchorKeys,
+		after.peerLedger - before.peerLedger, after.peerKeys - before.peerKeys}
 	if want := r.wants(txns); got != want {
 		return fmt.Errorf("%d transactions added %+v rows; want %+v", txns, got, want)
 	}
