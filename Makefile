@@ -64,8 +64,10 @@ fuzz:
 	$(GO) test ./config -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME)
 
 ## bench: one table of transfers/s at concurrency 1, 8, 64 and 256: the anchor CTE and the
-## router's function under pgbench, the router on new keys and replays, and a bare net/http floor;
-## and the router's latency with group commit on and off (see README "Performance")
+## router's function under pgbench, the router on new keys (src and dst on one shard, and on two)
+## and replays, a bare net/http floor, and a hand-written one-database peer; latencies, the
+## cross-shard time to credit and commits per transfer; and the router's latency with group
+## commit on and off (see docs/performance.md)
 bench: deps
 	$(GO) test ./test/bench -run '^$$' -bench . -benchtime 1x -timeout 20m
 

@@ -7,19 +7,28 @@
 //   - function: pgbench on the per-item function the router calls (testdata/transfer_new.sql);
 //   - router new and router replay: the router, built by service.New and served over real
 //     HTTP/TCP, under the in-process load generator, with new keys and with replays;
+//   - router cross new: the router on new keys whose src and dst live on two shards (two more
+//     databases of the same PostgreSQL, under a map of their own), its relay delivering the
+//     credits;
 //   - floor: a bare net/http handler that decodes the same body and writes the router's 201,
 //     under the same load generator: what HTTP alone costs here;
+//   - peer new: a plain net/http + pgx service on one database, one five-statement transaction
+//     per transfer (peerHandler), under the same load generator;
 //
-// and prints them as one table with the ratios router-new/anchor and router-replay/floor, and
-// the router's p50 and p99 latency on new keys at concurrency 1 and 8 with group commit on and
-// off:
+// and prints them as one table with the ratios router-new/anchor, router-replay/floor,
+// cross/same and same/peer; per concurrency the p50 and p99 latency on new keys of the router
+// (same and cross shard) and of the peer, the cross-shard time to credit (p50, p99) and commits
+// per cross-shard transfer over both shards; and the router's p50 and p99 latency on new keys at
+// concurrency 1 and 8 with group commit on and off:
 //
 //	go test ./test/bench -run '^$' -bench . -benchtime 1x
 //	go test ./test/bench -run '^$' -bench . -benchtime 1x -args -bench.duration 5s -bench.concurrency 8,64 -bench.rounds 2
 //
 // Each parameter is also read from the environment (see the flags). Every phase checks the rows
-// it wrote: each new-key transfer one ledger row and one idempotency record, each replay none,
-// each anchor transaction one row in its ledger and one in its key table. Absolute numbers
+// it wrote: each new-key transfer two ledger rows and one idempotency record, each replay none,
+// each anchor transaction one row in its ledger and one in its key table, each cross-shard
+// transfer a debit on its source, a credit on the other shard once delivered and one record, each
+// peer transfer two ledger rows and one key. Absolute numbers
 // depend on the machine and on whatever else runs on it; nothing here asserts a throughput,
 // since a timed assertion would flake.
 package bench

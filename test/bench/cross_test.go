@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -341,4 +342,36 @@ func (h delays) quantile(q float64) (d time.Duration, ok bool) {
 		lower, below = upper, h.cumulative[i]
 	}
 	return time.Duration(h.bounds[len(h.bounds)-1] * float64(time.Second)), true
+}
+
+func TestDelaysQuantile(t *testing.T) {
+	// 10 observations up to 1 ms, 80 in (1 ms, 2 ms], 10 in (2 ms, 5 ms], none beyond.
+	h := delays{bounds: []float64{.001, .002, .005}, cumulative: []float64{10, 90, 100}, count: 100}
+	for _, tt := range []struct {
+		q    float64
+		want time.Duration
+	}{
+		{0.05, 500 * time.Microsecond},  // halfway through the first bucket, from 0
+		{0.50, 1500 * time.Microsecond}, // halfway through the second
+		{0.99, 4700 * time.Microsecond}, // 9 of the third's 10
+		{1, 5 * time.Millisecond},
+	} {
+		if got, ok := h.quantile(tt.q); !ok || (got-tt.want).Abs() > time.Microsecond {
+			t.Errorf("quantile(%v) = %v, %t; want %v", tt.q, got, ok, tt.want)
+		}
+	}
+	over := delays{bounds: h.bounds, cumulative: []float64{0, 0, 0}, count: 3}
+	if got, _ := over.quantile(0.5); got != 5*time.Millisecond {
+		t.Errorf("a quantile beyond every bucket = %v, want the highest bound, 5ms", got)
+	}
+	if _, ok := (delays{}).quantile(0.5); ok {
+		t.Error("an empty histogram has a quantile")
+	}
+	phase := h.plus(h).minus(h)
+	if phase.count != 100 || phase.cumulative[1] != 90 {
+		t.Errorf("h + h - h = %+v, want %+v", phase, h)
+	}
+	if sum := (delays{}).plus(h); sum.count != 100 || sum.cumulative[2] != 100 {
+		t.Errorf("empty + h = %+v, want %+v", sum, h)
+	}
 }
