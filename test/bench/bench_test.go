@@ -276,6 +276,8 @@ func report(f *fixture, s settings, res results) string {
 		s.rounds, s.duration)
 	fmt.Fprintf(&out, "anchor: pgbench, one-statement CTE, unpartitioned tables; function: pgbench, shardgate_apply_rows (one debit + its same-shard credit);\n"+
 		"  floor: bare net/http handler decoding the same body and writing the same 201, same load generator\n")
+	fmt.Fprintf(&out, "router cross new: src and dst on two more databases of this PostgreSQL, half the keyspace each, relay running;\n"+
+		"  peer: net/http + pgx on one database, one transaction of five statements, pool as large as the router's\n")
 	fmt.Fprintf(&out, "router: service.New, auth none, shard_pool max_conns=min(c,%d) max_waiting=%d (so that c > %d queue for\n"+
 		"  a connection instead of getting 503 shard-busy), group_commit max_batch=%d (on; in_flight %d, stall_after %v) unless off (=%d)\n",
 		routerMaxConns, routerMaxWaiting, routerMaxConns, groupCommitOn, f.base.GroupCommit.InFlight, f.base.GroupCommit.StallAfter, groupCommitOff)

@@ -129,14 +129,15 @@ func (x *crossShards) counts(ctx context.Context) (crossCounts, error) {
 }
 
 // commits returns the transactions both cross shards have committed, as pg_stat_database counts
-// them, once no connection to them is open: a backend reports its counts when it exits (or now
-// and then while idle), so only then do they hold every commit.
+// them, once no client connection to them is open: a backend reports its counts when it exits
+// (or now and then while idle), so only then do they hold every commit.
 func (f *fixture) commits(ctx context.Context) (int64, error) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var backends, commits int64
-		err := f.admin.QueryRow(ctx, `SELECT coalesce(sum(numbackends), 0), coalesce(sum(xact_commit), 0)
-			FROM pg_stat_database WHERE datname = ANY($1)`, f.cross.dbs[:]).Scan(&backends, &commits)
+		err := f.admin.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM pg_stat_activity WHERE datname = ANY($1) AND backend_type = 'client backend'),
+			(SELECT coalesce(sum(xact_commit), 0) FROM pg_stat_database WHERE datname = ANY($1))`, f.cross.dbs[:]).Scan(&backends, &commits)
 		if err != nil {
 			return 0, fmt.Errorf("reading pg_stat_database: %w", err)
 		}
