@@ -1,0 +1,126 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// purgeTables are the tables a range's rows live in, each with the columns (after keyspace_id)
+// that order its rows in its keyspace index: the order in which a purge deletes them.
+var purgeTables = []struct{ table, keys string }{
+	{"idempotency_record", "scope, key"},
+	{"ledger_entries", "id"},
+	{"shardgate_credit_outbox", "transfer_id"},
+}
+
+// heldHere is true for a row whose keyspace_id lies in any range this shard lists (active,
+// moving or copied): a purge leaves those rows alone, whatever the purge list says.
+const heldHere = `EXISTS (SELECT 1 FROM shardgate_owned_range o
+	WHERE t.keyspace_id >= o.lo AND (o.hi IS NULL OR t.keyspace_id < o.hi))`
+
+// queuePurge lists every inactive range (moving or copied) that no active range covers as a
+// range to purge, and forgets the moves out of ranges this shard no longer owns with their
+// captured changes: the settle of an apply, in its transaction.
+func queuePurge(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `INSERT INTO shardgate_range_purge (key_range, lo, hi)
+		SELECT key_range, lo, hi FROM shardgate_owned_range WHERE NOT active
+		ON CONFLICT (key_range) DO NOTHING`); err != nil {
+		return fmt.Errorf("list moved ranges to purge: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM shardgate_range_move m WHERE NOT EXISTS (SELECT 1 FROM shardgate_owned_range o
+		WHERE o.active AND o.lo <= m.lo AND (o.hi IS NULL OR (m.hi IS NOT NULL AND m.hi <= o.hi)))`); err != nil {
+		return fmt.Errorf("forget finished moves: %w", err)
+	}
+	_, err := tx.Exec(ctx, `DELETE FROM shardgate_range_change c WHERE NOT EXISTS (SELECT 1 FROM shardgate_range_move m
+		WHERE c.keyspace_id >= m.lo AND (m.hi IS NULL OR c.keyspace_id < m.hi))`)
+	if err != nil {
+		return fmt.Errorf("forget the changes of finished moves: %w", err)
+	}
+	return nil
+}
+
+// PurgeMoved deletes, in transactions of at most batch rows each, the rows of ranges that moved
+// away from the shard behind pool (their new owners hold them), until none is left or ctx ends,
+// and returns how many it deleted. Each transaction is short and takes no lock a transfer waits
+// on (only row locks on the rows it deletes, which no transfer reads: they are outside every
+// range the shard lists), so transfers of other ranges go on meanwhile. A row in a range the
+// shard lists again (active, moving or copied) is kept. It can stop at any point and run again.
+func PurgeMoved(ctx context.Context, pool *pgxpool.Pool, batch int) (int64, error) {
+	if batch <= 0 {
+		batch = 1000
+	}
+	var deleted int64
+	rows, err := pool.Query(ctx, "SELECT key_range, lo, hi FROM shardgate_range_purge ORDER BY lo")
+	if err != nil {
+		return 0, err
+	}
+	type purge struct {
+		name string
+		lo   int64
+		hi   *int64
+	}
+	var ranges []purge
+	var p purge
+	if _, err := pgx.ForEachRow(rows, []any{&p.name, &p.lo, &p.hi}, func() error { ranges = append(ranges, p); return nil }); err != nil {
+		return 0, err
+	}
+	for _, r := range ranges {
+		for _, t := range purgeTables {
+			for {
+				var n int64
+				// The batch's last row bounds a delete by index range: rows already deleted are
+				// not read again.
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					q := fmt.Sprintf(`WITH b AS (SELECT keyspace_id, %[2]s FROM %[1]s t
+						WHERE keyspace_id >= $1 AND ($2::bigint IS NULL OR keyspace_id < $2) AND NOT %[3]s
+						ORDER BY keyspace_id, %[2]s LIMIT $3),
+					last AS (SELECT * FROM b ORDER BY keyspace_id DESC, %[4]s LIMIT 1)
+					DELETE FROM %[1]s t USING last
+					 WHERE t.keyspace_id >= $1 AND (t.keyspace_id, %[5]s) <= (last.keyspace_id, %[6]s) AND NOT %[3]s`,
+						t.table, t.keys, heldHere, descKeys(t.keys), prefixed("t.", t.keys), prefixed("last.", t.keys))
+					tag, err := tx.Exec(ctx, q, r.lo, r.hi, batch)
+					n = tag.RowsAffected()
+					return err
+				})
+				if err != nil {
+					return deleted, fmt.Errorf("purge %s of moved range %s: %w", t.table, r.name, err)
+				}
+				deleted += n
+				if n == 0 {
+					break
+				}
+			}
+		}
+		if _, err := pool.Exec(ctx, "DELETE FROM shardgate_range_purge WHERE key_range = $1", r.name); err != nil {
+			return deleted, err
+		}
+	}
+	return deleted, nil
+}
+
+// PendingPurges returns how many moved ranges the shard behind pool still has rows of to purge.
+func PendingPurges(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	var n int
+	err := pool.QueryRow(ctx, "SELECT count(*) FROM shardgate_range_purge").Scan(&n)
+	return n, err
+}
+
+func descKeys(keys string) string {
+	ks := strings.Split(keys, ", ")
+	for i := range ks {
+		ks[i] += " DESC"
+	}
+	return strings.Join(ks, ", ")
+}
+
+func prefixed(p, keys string) string {
+	ks := strings.Split(keys, ", ")
+	for i := range ks {
+		ks[i] = p + ks[i]
+	}
+	return strings.Join(ks, ", ")
+}
