@@ -77,6 +77,12 @@ type MoveReport struct {
 // A shard missing from m is not touched: remove a shard only after a map without its ranges
 // has been applied.
 func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpool.Pool, iv partition.Interval) ([]MoveReport, error) {
+	return Apply(ctx, m, pool, Options{Interval: iv})
+}
+
+// Apply is ApplyMap with options: progress reports, and when the catch-up ends.
+func Apply(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpool.Pool, opts Options) ([]MoveReport, error) {
+	opts = opts.withDefaults()
 	unlock, err := takeApplyLocks(ctx, m, pool)
 	if err != nil {
 		return nil, err
@@ -94,7 +100,7 @@ func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgx
 		}
 	}
 	// Rows an earlier apply moved away, and left to delete, go before anything moves.
-	if err := purge(ctx, m, pool); err != nil {
+	if err := purge(ctx, m, pool, opts, nil); err != nil {
 		return nil, err
 	}
 	owned := m.Ownership()
@@ -108,37 +114,61 @@ func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgx
 		}
 		return nil
 	}
-	if err := apply(idem.Revoke); err != nil {
-		return nil, err
-	}
 	planned, err := plan(ctx, m, pool)
 	if err != nil {
 		return nil, err
 	}
-	var moves []MoveReport
-	for _, mv := range planned {
-		if err := copyRange(ctx, pool(mv.From), pool(mv.To), mv.Range, iv, &mv); err != nil {
+	if err := dropStaleMoves(ctx, m, pool, planned); err != nil {
+		return nil, err
+	}
+	// Copy while the old owners serve.
+	moves := make([]MoveReport, len(planned))
+	copy(moves, planned)
+	for i := range moves {
+		mv := &moves[i]
+		if err := copyOnline(ctx, pool(mv.From), pool(mv.To), mv, m.Version, opts); err != nil {
 			return moves, fmt.Errorf("copy %s from %s to %s: %w", mv.Range, mv.From, mv.To, err)
 		}
-		moves = append(moves, mv)
+	}
+	// The fence: from the revoke to the grant, the moving ranges are owned by no shard.
+	if err := apply(idem.Revoke); err != nil {
+		return moves, err
+	}
+	fenced := time.Now()
+	hook("fenced")
+	for i := range moves {
+		mv := &moves[i]
+		if err := finishMove(ctx, pool(mv.From), pool(mv.To), mv, opts, fenced); err != nil {
+			return moves, fmt.Errorf("copy %s from %s to %s: %w", mv.Range, mv.From, mv.To, err)
+		}
 	}
 	if err := apply(idem.Grant); err != nil {
 		return moves, err
 	}
+	for _, mv := range moves {
+		opts.report(Progress{Phase: PhaseGranted, From: mv.From, To: mv.To, Range: mv.Range, Fenced: time.Since(fenced)})
+	}
 	if err := apply(idem.Settle); err != nil {
 		return moves, err
 	}
-	return moves, purge(ctx, m, pool)
+	return moves, purge(ctx, m, pool, opts, moves)
 }
 
 // purgeBatch is how many rows of a moved range one purge transaction deletes on its old owner.
 const purgeBatch = 1000
 
-// purge deletes, on every shard of m, the rows of ranges that moved away from it (idem.PurgeMoved).
-func purge(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool) error {
+// purge deletes, on every shard of m, the rows of ranges that moved away from it
+// (idem.PurgeMoved), reporting progress on the moves of this apply.
+func purge(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool, opts Options, moves []MoveReport) error {
 	for _, s := range m.Shards {
-		if _, err := idem.PurgeMoved(ctx, pool(s.Name), purgeBatch); err != nil {
+		n, err := idem.PurgeMoved(ctx, pool(s.Name), purgeBatch)
+		if err != nil {
 			return fmt.Errorf("shard %s: delete the rows of ranges moved away: %w", s.Name, err)
+		}
+		for _, mv := range moves {
+			if mv.From == s.Name {
+				opts.report(Progress{Phase: PhasePurging, From: mv.From, To: mv.To, Range: mv.Range, Purged: n})
+			}
 		}
 	}
 	return nil
@@ -367,6 +397,21 @@ func takeApplyLocks(ctx context.Context, m *shardmap.Map, pool func(string) *pgx
 // reaches its grant are deleted when a later apply settles, instead of being left behind; a
 // copied range is not held, so it cannot stand in for the shard the rows were copied from.
 func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, iv partition.Interval, mv *MoveReport) error {
+	if err := ensureCopyPartitions(ctx, src, dst, r, iv); err != nil {
+		return err
+	}
+	// Each table in keyset batches over its keyspace index: a batch reads its own rows only.
+	for i := range tables {
+		if done, err := tables[i].copyAll(ctx, src, dst, r, nil, mv, nil); err != nil || done {
+			return err
+		}
+	}
+	return nil
+}
+
+// ensureCopyPartitions creates on dst the partitions that the records of r on src are copied
+// into.
+func ensureCopyPartitions(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, iv partition.Interval) error {
 	lo, hi := idem.Bounds(r)
 	var oldest, newest *time.Time
 	// A record is copied dated no earlier than its key's floor (shardgate_copy_records): one
@@ -384,12 +429,6 @@ func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange,
 		}
 		if _, err := idem.EnsurePartitions(ctx, dst, iv, *oldest, n); err != nil {
 			return fmt.Errorf("partitions for copied records: %w", err)
-		}
-	}
-	// Each table in keyset batches over its keyspace index: a batch reads its own rows only.
-	for i := range tables {
-		if done, err := tables[i].copyAll(ctx, src, dst, r, nil, mv, nil); err != nil || done {
-			return err
 		}
 	}
 	return nil
