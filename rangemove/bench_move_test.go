@@ -23,7 +23,8 @@ import (
 // when SHARDGATE_BENCH_MOVE is set to the number of transfers S to seed: S transfers into the
 // range 40-80 of shard sa (nine in ten credit an account of the same range, one in ten an
 // account of sb, whose credit is owed), written by the transfer functions as the router writes
-// them. Then SHARDGATE_BENCH_MOVE_CLIENTS clients (8 unless set) post new transfers, half into
+// them. Then SHARDGATE_BENCH_MOVE_CLIENTS clients (8 unless set), each posting
+// SHARDGATE_BENCH_MOVE_RATE transfers a second at most (50 unless set), post new transfers, half into
 // 40-80 and half into -40, each to the shard that owns its account (a client that finds no owner
 // — the fence — asks again after 5 ms with the same key), while 40-80 moves to sb. It prints the
 // apply time and rate, and for the moving range and the other range the longest time without
@@ -35,10 +36,14 @@ func TestBenchMove(t *testing.T) {
 	if size <= 0 {
 		t.Skip("set SHARDGATE_BENCH_MOVE to the number of transfers to seed")
 	}
-	clients := 8
+	clients, rate := 8, 50
 	if n, err := strconv.Atoi(os.Getenv("SHARDGATE_BENCH_MOVE_CLIENTS")); err == nil {
 		clients = n
 	}
+	if n, err := strconv.Atoi(os.Getenv("SHARDGATE_BENCH_MOVE_RATE")); err == nil && n > 0 {
+		rate = n
+	}
+	pace := time.Second / time.Duration(rate)
 	ctx := context.Background()
 	c := newCluster(t, "sa", "sb")
 	c.mustApply(c.mapOf(1, "sa=-80 sb=80-"))
@@ -103,7 +108,12 @@ func TestBenchMove(t *testing.T) {
 		loadWG.Add(1)
 		go func() {
 			defer loadWG.Done()
+			next := time.Now()
 			for !stop.Load() {
+				if d := time.Until(next); d > 0 {
+					time.Sleep(d)
+				}
+				next = next.Add(pace)
 				req := benchTransfer(int(nextIndex.Add(1)), moving, false)
 				begin := time.Now()
 				for !stop.Load() {
@@ -142,7 +152,13 @@ func TestBenchMove(t *testing.T) {
 		time.Sleep(2 * time.Second)
 	}
 	moveStart := time.Now()
-	moves, err := ApplyMap(ctx, c.mapOf(2, "sa=-40 sb=40-"), c.pool, partition.Daily)
+	var lastReport time.Time
+	moves, err := Apply(ctx, c.mapOf(2, "sa=-40 sb=40-"), c.pool, Options{Interval: partition.Daily, Progress: func(p Progress) {
+		if p.Phase != PhaseCopying && p.Phase != PhaseCatchingUp || time.Since(lastReport) > time.Second {
+			lastReport = time.Now()
+			fmt.Printf("  %s\n", FormatProgress(p))
+		}
+	}})
 	moveEnd := time.Now()
 	if clients > 0 {
 		time.Sleep(time.Second)
@@ -157,8 +173,8 @@ func TestBenchMove(t *testing.T) {
 		rows += mv.Records + mv.Ledger + mv.Credits
 	}
 	took := moveEnd.Sub(moveStart)
-	fmt.Printf("bench-move S=%d clients=%d: apply %v, %d rows copied (%d records, %d ledger rows, %d owed credits), %.0f rows/s\n",
-		size, clients, took.Round(time.Millisecond), rows, moves[0].Records, moves[0].Ledger, moves[0].Credits, float64(rows)/took.Seconds())
+	fmt.Printf("bench-move S=%d clients=%d×%d/s: apply %v, %d rows copied (%d records, %d ledger rows, %d owed credits), %.0f rows/s\n",
+		size, clients, rate, took.Round(time.Millisecond), rows, moves[0].Records, moves[0].Ledger, moves[0].Credits, float64(rows)/took.Seconds())
 	for _, moving := range []bool{true, false} {
 		name := map[bool]string{true: "moving range 40-80", false: "other range -40"}[moving]
 		ss := samples[moving]

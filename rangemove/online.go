@@ -238,6 +238,7 @@ func copyOnline(ctx context.Context, src, dst *pgxpool.Pool, mv *MoveReport, ver
 		return err
 	}
 	p.Phase, p.ETA = PhaseCatchingUp, 0
+	best, stalled := int64(-1), 0
 	for {
 		_, lag, err := catchUpPass(ctx, src, dst, mv)
 		if err != nil {
@@ -252,11 +253,22 @@ func copyOnline(ctx context.Context, src, dst *pgxpool.Pool, mv *MoveReport, ver
 		if lag < opts.CatchUpBelow {
 			return nil
 		}
+		// Writes in the range outpace the catch-up: fence anyway, rather than chase them forever.
+		// The fence then lasts as long as the last lag takes to copy.
+		if best < 0 || lag < best {
+			best, stalled = lag, 0
+		} else if stalled++; stalled >= catchUpStalls {
+			return nil
+		}
 	}
 }
 
+// catchUpStalls is how many catch-up passes in a row may leave no fewer changes than the best
+// before the range is fenced all the same.
+const catchUpStalls = 5
+
 // catchUpBatch is how many captured changes one catch-up pass applies at most.
-const catchUpBatch = 2000
+const catchUpBatch = 5000
 
 // catchUpPass brings dst up to date with the changes captured in mv's range on src that were
 // written by transactions older than every transaction running when the pass began (so none of
@@ -369,3 +381,25 @@ func prefixed(p, cols string) string {
 }
 
 func joinCols(parts []string) string { return strings.Join(parts, ", ") }
+
+// FormatProgress says p in one line, as `router shardmap apply` prints it.
+func FormatProgress(p Progress) string {
+	head := fmt.Sprintf("%s → %s %s: %s", p.From, p.To, p.Range, p.Phase)
+	switch p.Phase {
+	case PhaseCopying:
+		pct := 100.0
+		if p.Total > 0 {
+			pct = 100 * float64(p.Copied) / float64(p.Total)
+		}
+		return fmt.Sprintf("%s, %d of %d rows (%.0f%%), %.0f rows/s, ETA %v", head, p.Copied, p.Total, pct, p.Rate, p.ETA.Round(time.Second))
+	case PhaseCatchingUp:
+		return fmt.Sprintf("%s, %d changes behind", head, p.Lag)
+	case PhaseFenced:
+		return fmt.Sprintf("%s for %v, %d changes behind", head, p.Fenced.Round(time.Millisecond), p.Lag)
+	case PhaseGranted:
+		return fmt.Sprintf("%s after a fence of %v", head, p.Fenced.Round(time.Millisecond))
+	case PhasePurging:
+		return fmt.Sprintf("%s done, %d moved rows deleted from %s", head, p.Purged, p.From)
+	}
+	return head
+}
