@@ -93,9 +93,13 @@ type Phase int
 
 // The phases of ApplyMap, in order.
 const (
+	// Begin changes no range: it records on the shard that the apply of the map has begun
+	// (Applying), so the copies made for it while the old owners still serve their ranges are
+	// told apart from those of an apply that stopped earlier, and an older map is refused.
+	Begin Phase = iota + 1
 	// Revoke keeps active only the new ranges the shard already owns; every other range it owned
 	// stays listed as moving, so its rows can still be found and copied.
-	Revoke Phase = iota + 1
+	Revoke
 	// Grant makes the shard own exactly the new ranges; an active range it no longer owns
 	// (which a revoke of the same version would already have made moving) is kept as moving.
 	Grant
@@ -132,7 +136,7 @@ func ApplyOwnership(ctx context.Context, pool *pgxpool.Pool, o Ownership, phase 
 		// A revoke keeps the shard's version: only a grant says the shard follows the new map,
 		// so a resumed apply is told apart from a changed map under the same version.
 		next.MapVersion = o.MapVersion
-		if phase == Revoke {
+		if phase == Revoke || phase == Begin {
 			next.MapVersion = cur.MapVersion
 		}
 		next.Shard, next.Applying, next.Digest = o.Shard, max(cur.Applying, o.MapVersion), o.Digest
@@ -153,7 +157,7 @@ func checkPhase(cur, o Ownership, phase Phase) error {
 		return fmt.Errorf("%w: the apply of version %d has begun on shard %s, refusing version %d; apply version %d or newer to finish it",
 			ErrOlderMap, cur.Applying, o.Shard, o.MapVersion, cur.Applying)
 	}
-	if phase == Revoke && cur.MapVersion == o.MapVersion && !shardmap.SameRanges(cur.Ranges, o.Ranges) {
+	if (phase == Revoke || phase == Begin) && cur.MapVersion == o.MapVersion && !shardmap.SameRanges(cur.Ranges, o.Ranges) {
 		// The shard was granted this version already, with other ranges: routers would keep
 		// the old map (they refuse a changed map under the same version) and never agree.
 		return fmt.Errorf("%w: shard %s owns %v at version %d, the map gives it %v; raise the version", ErrChangedMap, o.Shard, cur.Ranges, o.MapVersion, o.Ranges)
@@ -165,6 +169,8 @@ func checkPhase(cur, o Ownership, phase Phase) error {
 func phaseResult(cur, o Ownership, phase Phase) Ownership {
 	next := Ownership{Ranges: o.Ranges, Moving: cur.Moving, Copied: cur.Copied}
 	switch phase {
+	case Begin:
+		next.Ranges = cur.Ranges
 	case Revoke:
 		next.Ranges = nil
 		for _, r := range o.Ranges {

@@ -121,7 +121,10 @@ func Apply(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpoo
 	if err := dropStaleMoves(ctx, m, pool, planned); err != nil {
 		return nil, err
 	}
-	// Copy while the old owners serve.
+	// Copy while the old owners serve, once every shard knows this apply has begun.
+	if err := apply(idem.Begin); err != nil {
+		return nil, err
+	}
 	moves := make([]MoveReport, len(planned))
 	copy(moves, planned)
 	for i := range moves {
