@@ -77,6 +77,11 @@ func TestDevKeepsAnEditedSandbox(t *testing.T) {
 	if !strings.Contains(applied.String(), "moved rows of 40-80 from shard-0 to shard-1") {
 		t.Errorf("apply's report names the wrong range:\n%s", applied.String())
 	}
+	var status bytes.Buffer
+	if code := runShardmap(context.Background(), []string{"status", "--config", filepath.Join(dir, "router.yaml")}, &status, &status); code != exitOK ||
+		!strings.Contains(status.String(), "shard shard-1: map version 2, owns [40-]") || !strings.Contains(status.String(), "no range is moving") {
+		t.Errorf("shardmap status after the apply: exit %d\n%s", code, status.String())
+	}
 	stop()
 
 	startDev(t, args...)()

@@ -28,10 +28,12 @@ const shardmapUsage = `usage:
   router shardmap diff OLD NEW        show what replacing map OLD by NEW changes
   router shardmap apply --config router.yaml [--dry-run]
                                       make the shards own the ranges of the map router.yaml names,
-                                      moving rows; --dry-run prints the plan and changes nothing`
+                                      moving rows; --dry-run prints the plan and changes nothing
+  router shardmap status --config router.yaml
+                                      show what each shard owns and where range moves stand`
 
 // runShardmap implements `router shardmap check FILE`, `route FILE ACCOUNT`,
-// `diff OLD NEW` and `apply --config FILE [--dry-run]`; args are the
+// `diff OLD NEW`, `apply --config FILE [--dry-run]` and `status --config FILE`; args are the
 // arguments after "shardmap". It returns the process exit status: 0 on
 // success, 1 for a problem found (an invalid or unreadable map, or a diff
 // whose new version does not increase) and 2 for a usage error. Results go
@@ -43,6 +45,9 @@ func runShardmap(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	sub, rest := args[0], args[1:]
 	if sub == "apply" {
 		return exitStatus(shardmapApply(ctx, rest, stdout), stderr)
+	}
+	if sub == "status" {
+		return exitStatus(shardmapStatus(ctx, rest, stdout), stderr)
 	}
 	want := map[string]int{"check": 1, "route": 2, "diff": 2}
 	switch n, known := want[sub]; {
