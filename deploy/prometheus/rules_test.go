@@ -199,7 +199,8 @@ func TestRulesAreCompleteAndNameExportedMetrics(t *testing.T) {
 		t.Error("no recording rule shardgate:replay_ratio:rate5m")
 	}
 	// What must be alerted on: upkeep behind, no future partition, drops not happening, a
-	// jump of the replay rate, credits owed too long, credit delivery conflicts, stalling groups.
+	// jump of the replay rate, credits owed too long, credit delivery conflicts, stalling groups,
+	// a stalled range move and one stopped behind its fence.
 	for _, n := range []string{
 		"shardgate_upkeep_last_success_timestamp_seconds",
 		"shardgate_idempotency_future_partitions",
@@ -208,6 +209,8 @@ func TestRulesAreCompleteAndNameExportedMetrics(t *testing.T) {
 		"shardgate_credit_oldest_owed_age_seconds",
 		"shardgate_credit_deliveries_total",
 		"shardgate_group_commit_stalls_total",
+		"shardgate_range_move_progress_timestamp_seconds",
+		"shardgate_range_move_phase",
 	} {
 		if len(alertsUsing[n]) == 0 {
 			t.Errorf("no alert uses %s", n)
