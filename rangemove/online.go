@@ -31,6 +31,10 @@ type Options struct {
 	// Progress, unless nil, is called on long work: every bulk-copy batch, every catch-up pass,
 	// the fence and the purge.
 	Progress func(Progress)
+	// OnFenced, unless nil, runs right after every shard has revoked what it loses: the moment
+	// to hand routers the new map (`apply --map`), so they find the new owners at the grant.
+	// An error stops the apply there; running it again goes on.
+	OnFenced func() error
 	// CatchUpBelow ends the catch-up while the old owner serves: once a pass leaves fewer
 	// changes than this, the range is fenced for the last ones. 200 if zero.
 	CatchUpBelow int64

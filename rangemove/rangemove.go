@@ -139,6 +139,11 @@ func Apply(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpoo
 	}
 	fenced := time.Now()
 	hook("fenced")
+	if opts.OnFenced != nil {
+		if err := opts.OnFenced(); err != nil {
+			return moves, err
+		}
+	}
 	for i := range moves {
 		mv := &moves[i]
 		if err := finishMove(ctx, pool(mv.From), pool(mv.To), mv, opts, fenced); err != nil {

@@ -26,9 +26,10 @@ const shardmapUsage = `usage:
   router shardmap check FILE          validate a shard map and report every problem
   router shardmap route FILE ACCOUNT  show the keyspace id, range and shard of ACCOUNT
   router shardmap diff OLD NEW        show what replacing map OLD by NEW changes
-  router shardmap apply --config router.yaml [--dry-run]
-                                      make the shards own the ranges of the map router.yaml names,
-                                      moving rows; --dry-run prints the plan and changes nothing
+  router shardmap apply --config router.yaml [--dry-run] [--map FILE]
+                                      make the shards own the ranges of the map router.yaml names
+                                      (or of FILE, put in its place at the fence), moving rows;
+                                      --dry-run prints the plan and changes nothing
   router shardmap status --config router.yaml
                                       show what each shard owns and where range moves stand`
 
@@ -140,12 +141,24 @@ func loadShardmap(sub, path string, stderr io.Writer) (*shardmap.Map, bool) {
 // it prints what that would move, and changes nothing.
 func shardmapApply(ctx context.Context, args []string, stdout io.Writer) error {
 	var dryRun bool
+	var mapFile string
 	return withConfig("shardmap apply", args, stdout, func(cfg *config.Config, m *shardmap.Map) error {
-		if dryRun {
+		if mapFile != "" {
+			next, err := shardmap.Load(mapFile)
+			if err != nil {
+				return err
+			}
+			m = next
+		}
+		switch {
+		case dryRun:
 			return service.PlanMap(ctx, cfg, m, stdout)
+		case mapFile != "":
+			return service.ApplyMapFile(ctx, cfg, m, mapFile, stdout)
 		}
 		return service.ApplyMap(ctx, cfg, m, stdout)
 	}, func(fs *flag.FlagSet) {
 		fs.BoolVar(&dryRun, "dry-run", false, "print the plan (ranges, shards, rows to move) and change nothing")
+		fs.StringVar(&mapFile, "map", "", "apply this map file instead of the one router.yaml names, and put it in its place once the moving ranges are fenced")
 	})
 }

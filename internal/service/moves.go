@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/shardgate/shardgate/config"
@@ -66,4 +68,47 @@ func (s *Service) moveStatusLoop(ctx context.Context) {
 		case <-time.After(moveStatusInterval):
 		}
 	}
+}
+
+// ApplyMapFile is ApplyMap for the map in file, which routers do not read yet: while the ranges
+// are copied they keep the map in place and send the moving ranges to their old owners, which
+// serve them; once every shard has revoked what it loses, file is put in place of the map
+// router.yaml names (by rename, through a copy beside it), so routers take it up during the
+// fence and find the new owners at the grant.
+func ApplyMapFile(ctx context.Context, cfg *config.Config, m *shardmap.Map, file string, out io.Writer) error {
+	topo, err := topology.OpenForCommand(m, cfg.ShardPool)
+	if err != nil {
+		return err
+	}
+	defer topo.Close()
+	install := func() error {
+		if err := installMap(file, cfg.ShardmapPath); err != nil {
+			return fmt.Errorf("put %s in place of %s: %w", file, cfg.ShardmapPath, err)
+		}
+		fmt.Fprintf(out, "fenced: %s put in place of %s for the routers\n", file, cfg.ShardmapPath)
+		return nil
+	}
+	return applyMapWith(ctx, cfg, m, topo.Pool, out, install)
+}
+
+// installMap writes the content of file to path by rename: a copy beside path, then renamed
+// over it, so no router reads half a file.
+func installMap(file, path string) error {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".shardmap-*.yaml")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) //nolint:errcheck // gone after the rename
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close() //nolint:errcheck // the write failed already
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
 }
