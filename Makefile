@@ -7,7 +7,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # golang/go#75804, fixed in Go 1.27). 50000 inputs take about 5-20 s per target here.
 FUZZTIME ?= 50000x
 
-.PHONY: test test-local deps lint cross unit fuzz containers bench bench-smoke bench-compare bench-compare-smoke build run
+.PHONY: test test-local deps lint cross unit fuzz containers bench bench-smoke bench-compare bench-compare-smoke bench-move build run
 
 ## test: every check CI runs: lint, unit and integration tests with -race on local PostgreSQL
 ## processes, fuzzing, the benchmark smoke run, then the same suites on containers
@@ -73,6 +73,13 @@ bench-compare:
 ## databases, so that it keeps working (its row checks included)
 bench-compare-smoke:
 	./scripts/bench-compare.sh -r 1 -d 1 -c 1,8 -a 3 HEAD
+
+## bench-move: move a key range of S transfers (SIZES, default 10000 100000) between two local
+## shards under load (8 clients at 50 transfers/s), printing apply time, rows/s, the moving and
+## other ranges' longest time without a transfer and p99, then checking every row
+## (scripts/bench-move.sh takes -c and -r)
+bench-move: deps
+	./scripts/bench-move.sh $(SIZES)
 
 build:
 	CGO_ENABLED=0 $(GO) build -o bin/router ./cmd/router

@@ -63,13 +63,17 @@ type MoveReport struct {
 }
 
 // ApplyMap makes the shards of m own exactly their ranges under m.Version, moving the rows of
-// every key range that changes owner: (1) every shard revokes what it loses, so those ranges
-// are owned by nobody and their transfers get a retryable 503; (2) the idempotency records and
-// ledger rows of each revoked range are copied to the shards that now own it, so a retry there
-// replays instead of applying again; (3) every shard grants its new ranges; (4) every shard
-// forgets its moving ranges. If any step fails nothing later runs; running ApplyMap again
-// resumes, and so does applying a newer map, while an older one is refused. One ApplyMap runs at
-// a time: it holds an apply lock on every shard of m throughout, and fails at once with
+// every key range that changes owner while its old owner keeps serving it: (1) every shard
+// records that the apply has begun; (2) each moving range is copied to its new owner (bulk copy
+// from a cursor stored on the old owner, then catch-up passes over the changes captured there
+// since, see copyOnline) while the old owner serves it; (3) every shard revokes what it loses
+// (the fence: those ranges are owned by nobody and their transfers get a retryable 503), and the
+// last changes are copied; (4) every shard grants its new ranges; (5) every shard lists its
+// moved ranges to purge, and (6) deletes their rows in small batches (idem.PurgeMoved). So a
+// retry of a key completed before or during the move replays on the new owner instead of
+// applying again. If any step fails nothing later runs; running ApplyMap again resumes where it
+// stopped, and so does applying a newer map, while an older one is refused. One ApplyMap runs
+// at a time: it holds an apply lock on every shard of m throughout, and fails at once with
 // ErrApplyRunning if another holds one. pool must return a pool for every shard of m, with a
 // connection to spare for the lock; iv is the partition interval, used to create partitions
 // for copied records.
@@ -397,9 +401,9 @@ func takeApplyLocks(ctx context.Context, m *shardmap.Map, pool func(string) *pgx
 	return unlock, nil
 }
 
-// copyRange copies the idempotency records and ledger rows whose keyspace id is in r from src to
-// dst, skipping rows dst already has, so it can run again after an interruption. No shard owns
-// r meanwhile, but dst serves its other ranges: each record is inserted under its key's lock
+// copyRange copies the idempotency records, ledger rows and owed credits whose keyspace id is in
+// r from src to dst, skipping rows dst already has, so it can run again after an interruption:
+// the bulk copy of a move without a stored cursor. dst serves its other ranges meanwhile: each record is inserted under its key's lock
 // (shardgate_copy_records), so a transfer there reusing the key cannot add a second record.
 // Each transaction also lists r on dst as a copied range, so rows copied by an apply that never
 // reaches its grant are deleted when a later apply settles, instead of being left behind; a
