@@ -98,16 +98,6 @@ var tables = []tableCopy{
 	},
 }
 
-// tableOf returns the copy of the table whose stage is stage.
-func tableOf(stage string) *tableCopy {
-	for i := range tables {
-		if tables[i].stage == stage {
-			return &tables[i]
-		}
-	}
-	return nil
-}
-
 // batchQuery selects the next batch of t's rows in r after c (from the first when c is nil), in
 // keyspace index order.
 func (t *tableCopy) batchQuery(lo int64, hi *int64, c *cursor) (string, []any) {
