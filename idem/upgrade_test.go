@@ -276,7 +276,7 @@ func functionDefs(t *testing.T, pool *pgxpool.Pool) map[string]string {
 // changedSincePreviousRelease names the functions whose files were changed on purpose since the
 // release of testdata/release_0007.sql; TestFreshAndUpgradedShardsAgree holds every other to the
 // previous release's definition. Empty again once the fixture of the next release is written.
-var changedSincePreviousRelease = map[string]bool{}
+var changedSincePreviousRelease = map[string]bool{"shardgate_copy_records": true}
 
 // addedSincePreviousRelease names the functions this release added (a file of sql/ the previous
 // release did not have). Empty again once the fixture of the next release is written.
