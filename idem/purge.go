@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -11,10 +12,14 @@ import (
 
 // purgeTables are the tables a range's rows live in, each with the columns (after keyspace_id)
 // that order its rows in its keyspace index: the order in which a purge deletes them.
-var purgeTables = []struct{ table, keys string }{
-	{"idempotency_record", "scope, key"},
-	{"ledger_entries", "id"},
-	{"shardgate_credit_outbox", "transfer_id"},
+var purgeTables = []struct {
+	table string
+	keys  []string // after keyspace_id
+	casts []string
+}{
+	{"idempotency_record", []string{"scope", "key"}, []string{"text", "text"}},
+	{"ledger_entries", []string{"id"}, []string{"bigint"}},
+	{"shardgate_credit_outbox", []string{"transfer_id"}, []string{"text"}},
 }
 
 // heldHere is true for a row whose keyspace_id lies in any range this shard lists (active,
@@ -73,16 +78,30 @@ func PurgeMoved(ctx context.Context, pool *pgxpool.Pool, batch int) (int64, erro
 			for {
 				var n int64
 				// The batch's last row bounds a delete by index range: rows already deleted are
-				// not read again.
+				// not read again. Two statements, so the bound is a parameter of the second.
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					q := fmt.Sprintf(`WITH b AS (SELECT keyspace_id, %[2]s FROM %[1]s t
+					keys := strings.Join(t.keys, ", ")
+					bound := make([]any, 1+len(t.keys))
+					dest := make([]any, len(bound))
+					for i := range bound {
+						dest[i] = &bound[i]
+					}
+					err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT * FROM (SELECT keyspace_id, %[2]s FROM %[1]s t
 						WHERE keyspace_id >= $1 AND ($2::bigint IS NULL OR keyspace_id < $2) AND NOT %[3]s
-						ORDER BY keyspace_id, %[2]s LIMIT $3),
-					last AS (SELECT * FROM b ORDER BY keyspace_id DESC, %[4]s LIMIT 1)
-					DELETE FROM %[1]s t USING last
-					 WHERE t.keyspace_id >= $1 AND (t.keyspace_id, %[5]s) <= (last.keyspace_id, %[6]s) AND NOT %[3]s`,
-						t.table, t.keys, heldHere, descKeys(t.keys), prefixed("t.", t.keys), prefixed("last.", t.keys))
-					tag, err := tx.Exec(ctx, q, r.lo, r.hi, batch)
+						ORDER BY keyspace_id, %[2]s LIMIT $3) b ORDER BY keyspace_id DESC, %[4]s LIMIT 1`,
+						t.table, keys, heldHere, strings.Join(t.keys, " DESC, ")+" DESC"), r.lo, r.hi, batch).Scan(dest...)
+					if errors.Is(err, pgx.ErrNoRows) {
+						return nil
+					}
+					if err != nil {
+						return err
+					}
+					params := []string{"$2::bigint"}
+					for i, c := range t.casts {
+						params = append(params, fmt.Sprintf("$%d::%s", i+3, c))
+					}
+					tag, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %[1]s t WHERE keyspace_id >= $1 AND (keyspace_id, %[2]s) <= (%[3]s) AND NOT %[4]s`,
+						t.table, keys, strings.Join(params, ", "), heldHere), append([]any{r.lo}, bound...)...)
 					n = tag.RowsAffected()
 					return err
 				})
@@ -107,20 +126,4 @@ func PendingPurges(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	var n int
 	err := pool.QueryRow(ctx, "SELECT count(*) FROM shardgate_range_purge").Scan(&n)
 	return n, err
-}
-
-func descKeys(keys string) string {
-	ks := strings.Split(keys, ", ")
-	for i := range ks {
-		ks[i] += " DESC"
-	}
-	return strings.Join(ks, ", ")
-}
-
-func prefixed(p, keys string) string {
-	ks := strings.Split(keys, ", ")
-	for i := range ks {
-		ks[i] = p + ks[i]
-	}
-	return strings.Join(ks, ", ")
 }
