@@ -1,9 +1,11 @@
 package idem
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -63,17 +65,73 @@ func PurgeMoved(ctx context.Context, pool *pgxpool.Pool, batch int) (int64, erro
 	if err != nil {
 		return 0, err
 	}
-	type purge struct {
-		name string
-		lo   int64
-		hi   *int64
-	}
-	var ranges []purge
-	var p purge
+	var ranges []purgeRange
+	var p purgeRange
 	if _, err := pgx.ForEachRow(rows, []any{&p.name, &p.lo, &p.hi}, func() error { ranges = append(ranges, p); return nil }); err != nil {
 		return 0, err
 	}
-	for _, r := range ranges {
+	rows, err = pool.Query(ctx, "SELECT lo, hi FROM shardgate_owned_range")
+	if err != nil {
+		return 0, err
+	}
+	var held []purgeRange
+	if _, err := pgx.ForEachRow(rows, []any{&p.lo, &p.hi}, func() error { held = append(held, p); return nil }); err != nil {
+		return 0, err
+	}
+	for _, whole := range ranges {
+		// Only the parts of the range that the shard lists nowhere: a batch then reads no row
+		// it must keep (the check on each row below stays, for a range listed meanwhile).
+		for _, r := range uncovered(whole, held) {
+			if err := purgeOne(ctx, pool, r, batch, &deleted); err != nil {
+				return deleted, err
+			}
+		}
+		if _, err := pool.Exec(ctx, "DELETE FROM shardgate_range_purge WHERE key_range = $1", whole.name); err != nil {
+			return deleted, err
+		}
+	}
+	return deleted, nil
+}
+
+// purgeRange is a range (signed keyspace bounds, hi nil for the end) to delete rows of.
+type purgeRange struct {
+	name string
+	lo   int64
+	hi   *int64
+}
+
+// uncovered returns the parts of r that none of held covers, in order.
+func uncovered(r purgeRange, held []purgeRange) []purgeRange {
+	held = slices.Clone(held)
+	slices.SortFunc(held, func(a, b purgeRange) int { return cmp.Compare(a.lo, b.lo) })
+	var out []purgeRange
+	lo, open := r.lo, true // open: lo is where the part not yet covered begins
+	for _, h := range held {
+		if r.hi != nil && h.lo >= *r.hi {
+			break
+		}
+		if h.hi != nil && *h.hi <= lo {
+			continue
+		}
+		if h.lo > lo {
+			end := h.lo
+			out = append(out, purgeRange{name: r.name, lo: lo, hi: &end})
+		}
+		if h.hi == nil {
+			open = false
+			break
+		}
+		lo = max(lo, *h.hi)
+	}
+	if open && (r.hi == nil || lo < *r.hi) {
+		out = append(out, purgeRange{name: r.name, lo: lo, hi: r.hi})
+	}
+	return out
+}
+
+// purgeOne deletes the rows of r, batch by batch, adding to deleted.
+func purgeOne(ctx context.Context, pool *pgxpool.Pool, r purgeRange, batch int, deleted *int64) error {
+	{
 		for _, t := range purgeTables {
 			for {
 				var n int64
@@ -106,19 +164,16 @@ func PurgeMoved(ctx context.Context, pool *pgxpool.Pool, batch int) (int64, erro
 					return err
 				})
 				if err != nil {
-					return deleted, fmt.Errorf("purge %s of moved range %s: %w", t.table, r.name, err)
+					return fmt.Errorf("purge %s of moved range %s: %w", t.table, r.name, err)
 				}
-				deleted += n
+				*deleted += n
 				if n == 0 {
 					break
 				}
 			}
 		}
-		if _, err := pool.Exec(ctx, "DELETE FROM shardgate_range_purge WHERE key_range = $1", r.name); err != nil {
-			return deleted, err
-		}
 	}
-	return deleted, nil
+	return nil
 }
 
 // PendingPurges returns how many moved ranges the shard behind pool still has rows of to purge.
