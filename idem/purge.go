@@ -129,56 +129,64 @@ func uncovered(r purgeRange, held []purgeRange) []purgeRange {
 	return out
 }
 
-// purgeOne deletes the rows of r, batch by batch, adding to deleted.
+// purgeOne deletes the rows of r, batch by batch, adding to deleted. Each batch goes on after
+// the last row of the batch before it, in the table's keyspace index, and deletes up to its own
+// last row by index range: no batch reads the rows (or the index entries) of those before.
 func purgeOne(ctx context.Context, pool *pgxpool.Pool, r purgeRange, batch int, deleted *int64) error {
-	{
-		for _, t := range purgeTables {
-			for {
-				var n int64
-				// The batch's last row bounds a delete by index range: rows already deleted are
-				// not read again. Two statements, so the bound is a parameter of the second.
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					keys := strings.Join(t.keys, ", ")
-					bound := make([]any, 1+len(t.keys))
-					dest := make([]any, len(bound))
-					for i := range bound {
-						dest[i] = &bound[i]
-					}
-					err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT * FROM (SELECT keyspace_id, %[2]s FROM %[1]s t
-						WHERE keyspace_id >= $1 AND ($2::bigint IS NULL OR keyspace_id < $2) AND NOT %[3]s
-						ORDER BY keyspace_id, %[2]s LIMIT $3) b ORDER BY keyspace_id DESC, %[4]s LIMIT 1`,
-						t.table, keys, heldHere, strings.Join(t.keys, " DESC, ")+" DESC"), r.lo, r.hi, batch).Scan(dest...)
-					if errors.Is(err, pgx.ErrNoRows) {
-						return nil
-					}
-					if err != nil {
-						return err
-					}
-					params := []string{"$2::bigint"}
-					for i, c := range t.casts {
-						params = append(params, fmt.Sprintf("$%d::%s", i+3, c))
-					}
-					tag, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %[1]s t WHERE keyspace_id >= $1 AND (keyspace_id, %[2]s) <= (%[3]s) AND NOT %[4]s`,
-						t.table, keys, strings.Join(params, ", "), heldHere), append([]any{r.lo}, bound...)...)
-					n = tag.RowsAffected()
-					return err
-				})
-				if err != nil {
-					return fmt.Errorf("purge %s of moved range %s: %w", t.table, r.name, err)
-				}
-				*deleted += n
-				if n == 0 {
-					break
-				}
+	for _, t := range purgeTables {
+		keys := strings.Join(t.keys, ", ")
+		// row is the SQL row (keyspace_id, keys...) of parameters from $first on.
+		row := func(first int) string {
+			ps := []string{fmt.Sprintf("$%d::bigint", first)}
+			for i, c := range t.casts {
+				ps = append(ps, fmt.Sprintf("$%d::%s", first+1+i, c))
 			}
+			return "(" + strings.Join(ps, ", ") + ")"
+		}
+		var after []any // the last row deleted, nil before the first batch
+		for {
+			// Bounds of the range as literals: a parameter that may be NULL keeps the planner
+			// from using them as index bounds.
+			where := fmt.Sprintf("keyspace_id >= %d", r.lo)
+			if r.hi != nil {
+				where += fmt.Sprintf(" AND keyspace_id < %d", *r.hi)
+			}
+			var args []any
+			if after != nil {
+				where += fmt.Sprintf(" AND (keyspace_id, %s) > %s", keys, row(1))
+				args = append(args, after...)
+			}
+			bound := make([]any, 1+len(t.keys))
+			dest := make([]any, len(bound))
+			for i := range bound {
+				dest[i] = &bound[i]
+			}
+			var n int64
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT * FROM (SELECT keyspace_id, %[2]s FROM %[1]s t WHERE %[3]s AND NOT %[4]s
+					ORDER BY keyspace_id, %[2]s LIMIT %[5]d) b ORDER BY keyspace_id DESC, %[6]s LIMIT 1`,
+					t.table, keys, where, heldHere, batch, strings.Join(t.keys, " DESC, ")+" DESC"), args...).Scan(dest...)
+				if errors.Is(err, pgx.ErrNoRows) {
+					bound = nil
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				tag, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %[1]s t WHERE %[2]s AND (keyspace_id, %[3]s) <= %[4]s AND NOT %[5]s`,
+					t.table, where, keys, row(len(args)+1), heldHere), append(args, bound...)...)
+				n = tag.RowsAffected()
+				return err
+			})
+			if err != nil {
+				return fmt.Errorf("purge %s of moved range %s: %w", t.table, r.name, err)
+			}
+			*deleted += n
+			if bound == nil {
+				break
+			}
+			after = bound
 		}
 	}
 	return nil
-}
-
-// PendingPurges returns how many moved ranges the shard behind pool still has rows of to purge.
-func PendingPurges(ctx context.Context, pool *pgxpool.Pool) (int, error) {
-	var n int
-	err := pool.QueryRow(ctx, "SELECT count(*) FROM shardgate_range_purge").Scan(&n)
-	return n, err
 }
