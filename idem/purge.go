@@ -163,6 +163,10 @@ func purgeOne(ctx context.Context, pool *pgxpool.Pool, r purgeRange, batch int, 
 			}
 			var n int64
 			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				// A batch is small: workers would cost more to start than they save.
+				if _, err := tx.Exec(ctx, "SET LOCAL max_parallel_workers_per_gather = 0"); err != nil {
+					return err
+				}
 				err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT * FROM (SELECT keyspace_id, %[2]s FROM %[1]s t WHERE %[3]s AND NOT %[4]s
 					ORDER BY keyspace_id, %[2]s LIMIT %[5]d) b ORDER BY keyspace_id DESC, %[6]s LIMIT 1`,
 					t.table, keys, where, heldHere, batch, strings.Join(t.keys, " DESC, ")+" DESC"), args...).Scan(dest...)

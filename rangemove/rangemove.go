@@ -166,14 +166,15 @@ func Apply(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpoo
 	return moves, purge(ctx, m, pool, opts, moves)
 }
 
-// purgeBatch is how many rows of a moved range one purge transaction deletes on its old owner.
-const purgeBatch = 1000
+// PurgeBatch is how many rows of a moved range one purge transaction deletes on its old owner:
+// rows no transfer reads, so a larger batch holds nobody up, and costs fewer round trips.
+const PurgeBatch = 5000
 
 // purge deletes, on every shard of m, the rows of ranges that moved away from it
 // (idem.PurgeMoved), reporting progress on the moves of this apply.
 func purge(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool, opts Options, moves []MoveReport) error {
 	for _, s := range m.Shards {
-		n, err := idem.PurgeMoved(ctx, pool(s.Name), purgeBatch)
+		n, err := idem.PurgeMoved(ctx, pool(s.Name), PurgeBatch)
 		if err != nil {
 			return fmt.Errorf("shard %s: delete the rows of ranges moved away: %w", s.Name, err)
 		}
