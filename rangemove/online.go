@@ -342,9 +342,6 @@ func finishMove(ctx context.Context, src, dst *pgxpool.Pool, mv *MoveReport, opt
 	if served, err := dstServes(ctx, dst, mv.Range); err != nil || served {
 		return err
 	}
-	if _, err := src.Exec(ctx, "UPDATE shardgate_range_move SET phase = $2, updated_at = now() WHERE key_range = $1", mv.Range.String(), PhaseFenced); err != nil {
-		return err
-	}
 	deadline := time.Now().Add(fenceTimeout)
 	for {
 		applied, left, err := catchUpPass(ctx, src, dst, mv)

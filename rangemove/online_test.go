@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/partition"
@@ -227,6 +230,30 @@ func TestApplyStoppedResumes(t *testing.T) {
 			}
 			if tc.point == "copy" && (stage != "records" || copied == 0 || copied >= total) {
 				t.Fatalf("stopped in the copy at stage %s, %d of %d rows copied; want part of the records", stage, copied, total)
+			}
+			// Status and the metrics say where the stopped move stands.
+			sts := Status(ctx, v2, c.pool)
+			var out strings.Builder
+			if failed := PrintStatus(&out, sts, time.Now()); failed != 0 {
+				t.Fatalf("status: %d shards unreadable\n%s", failed, out.String())
+			}
+			phase := map[string]string{"copy": PhaseCopying, "catch-up": PhaseCatchingUp, "fenced": PhaseFenced}[tc.point]
+			if want := fmt.Sprintf("moving 40-80 to sb (map version 2): %s, %d of %d rows copied", phase, copied, total); !strings.Contains(out.String(), want) {
+				t.Errorf("status lacks %q:\n%s", want, out.String())
+			}
+			col := &StatusCollector{}
+			col.Record(sts)
+			reg := prometheus.NewPedanticRegistry()
+			reg.MustRegister(col)
+			mfs, err := reg.Gather()
+			n := 0
+			for _, mf := range mfs {
+				if mf.GetName() == "shardgate_range_move_phase" {
+					n = len(mf.GetMetric())
+				}
+			}
+			if err != nil || n != 1 {
+				t.Errorf("shardgate_range_move_phase: %d series (%v), want 1", n, err)
 			}
 			// Written after the stop: sa still owns 40-80 unless the fence was up.
 			more := []idem.TransferRequest{}

@@ -137,7 +137,14 @@ func Apply(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpoo
 			return moves, fmt.Errorf("copy %s from %s to %s: %w", mv.Range, mv.From, mv.To, err)
 		}
 	}
-	// The fence: from the revoke to the grant, the moving ranges are owned by no shard.
+	// The fence: from the revoke to the grant, the moving ranges are owned by no shard. Each
+	// move says so first, so that an apply stopped inside the fence is seen as fenced.
+	for _, mv := range moves {
+		if _, err := pool(mv.From).Exec(ctx, "UPDATE shardgate_range_move SET phase = $2, updated_at = now() WHERE key_range = $1",
+			mv.Range.String(), PhaseFenced); err != nil {
+			return moves, fmt.Errorf("shard %s: %w", mv.From, err)
+		}
+	}
 	if err := apply(idem.Revoke); err != nil {
 		return moves, err
 	}
