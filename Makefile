@@ -11,7 +11,7 @@ FUZZTIME ?= 50000x
 # or what git describes of the checkout. `make release VERSION=vX.Y.Z` sets it.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 
-.PHONY: test test-local test-quick deps lint cross unit fuzz containers bench bench-smoke bench-compare bench-compare-smoke build run release release-snapshot
+.PHONY: test test-local test-quick deps lint cross unit fuzz containers bench bench-smoke bench-compare bench-compare-smoke build run release release-snapshot bench-move
 
 ## test: every check CI runs: lint, unit and integration tests with -race on local PostgreSQL
 ## processes, fuzzing, the benchmark smoke run, then the same suites on containers
@@ -90,6 +90,13 @@ bench-compare:
 ## databases, so that it keeps working (its row checks included)
 bench-compare-smoke:
 	./scripts/bench-compare.sh -r 1 -d 1 -c 1,8 -a 3 HEAD
+
+## bench-move: move a key range of S transfers (SIZES, default 10000 100000) between two local
+## shards under load (8 clients at 50 transfers/s), printing apply time, rows/s, the moving and
+## other ranges' longest time without a transfer and p99, then checking every row
+## (scripts/bench-move.sh takes -c and -r)
+bench-move: deps
+	./scripts/bench-move.sh $(SIZES)
 
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/router ./cmd/router

@@ -27,8 +27,8 @@ type Ownership struct {
 	// Moving ranges were revoked: their rows here are not yet handed to their new owner.
 	Moving []shardmap.KeyRange
 	// Copied ranges hold rows copied here ahead of a grant that has not happened (yet). They
-	// are not held: the shard they were copied from still answers for them. Settle deletes the
-	// rows of moving and copied ranges that no active range covers.
+	// are not held: the shard they were copied from still answers for them. Settle lists the
+	// moving and copied ranges that no active range covers for PurgeMoved to delete their rows.
 	Copied []shardmap.KeyRange
 	// Applying is the newest map version whose apply has begun on the shard; phases of older
 	// versions are refused from then on. Digest is MapDigest of that map, so the same version
@@ -93,14 +93,19 @@ type Phase int
 
 // The phases of ApplyMap, in order.
 const (
+	// Begin changes no range: it records on the shard that the apply of the map has begun
+	// (Applying), so the copies made for it while the old owners still serve their ranges are
+	// told apart from those of an apply that stopped earlier, and an older map is refused.
+	Begin Phase = iota + 1
 	// Revoke keeps active only the new ranges the shard already owns; every other range it owned
 	// stays listed as moving, so its rows can still be found and copied.
-	Revoke Phase = iota + 1
+	Revoke
 	// Grant makes the shard own exactly the new ranges; an active range it no longer owns
 	// (which a revoke of the same version would already have made moving) is kept as moving.
 	Grant
-	// Settle deletes the rows of moving ranges, which their new owners now hold, and forgets
-	// the moving ranges.
+	// Settle lists the moving and copied ranges (whose rows their new owners now hold, or which
+	// were copied here for nothing) as ranges to purge, and forgets them; PurgeMoved then
+	// deletes their rows in small batches.
 	Settle
 )
 
@@ -123,7 +128,7 @@ func ApplyOwnership(ctx context.Context, pool *pgxpool.Pool, o Ownership, phase 
 			return err
 		}
 		if phase == Settle {
-			if err := deleteMovedRows(ctx, tx); err != nil {
+			if err := queuePurge(ctx, tx); err != nil {
 				return err
 			}
 		}
@@ -131,7 +136,7 @@ func ApplyOwnership(ctx context.Context, pool *pgxpool.Pool, o Ownership, phase 
 		// A revoke keeps the shard's version: only a grant says the shard follows the new map,
 		// so a resumed apply is told apart from a changed map under the same version.
 		next.MapVersion = o.MapVersion
-		if phase == Revoke {
+		if phase == Revoke || phase == Begin {
 			next.MapVersion = cur.MapVersion
 		}
 		next.Shard, next.Applying, next.Digest = o.Shard, max(cur.Applying, o.MapVersion), o.Digest
@@ -152,7 +157,7 @@ func checkPhase(cur, o Ownership, phase Phase) error {
 		return fmt.Errorf("%w: the apply of version %d has begun on shard %s, refusing version %d; apply version %d or newer to finish it",
 			ErrOlderMap, cur.Applying, o.Shard, o.MapVersion, cur.Applying)
 	}
-	if phase == Revoke && cur.MapVersion == o.MapVersion && !shardmap.SameRanges(cur.Ranges, o.Ranges) {
+	if (phase == Revoke || phase == Begin) && cur.MapVersion == o.MapVersion && !shardmap.SameRanges(cur.Ranges, o.Ranges) {
 		// The shard was granted this version already, with other ranges: routers would keep
 		// the old map (they refuse a changed map under the same version) and never agree.
 		return fmt.Errorf("%w: shard %s owns %v at version %d, the map gives it %v; raise the version", ErrChangedMap, o.Shard, cur.Ranges, o.MapVersion, o.Ranges)
@@ -164,6 +169,8 @@ func checkPhase(cur, o Ownership, phase Phase) error {
 func phaseResult(cur, o Ownership, phase Phase) Ownership {
 	next := Ownership{Ranges: o.Ranges, Moving: cur.Moving, Copied: cur.Copied}
 	switch phase {
+	case Begin:
+		next.Ranges = cur.Ranges
 	case Revoke:
 		next.Ranges = nil
 		for _, r := range o.Ranges {
@@ -215,23 +222,6 @@ func writeOwnership(ctx context.Context, tx pgx.Tx, o Ownership) error {
 	return err
 }
 
-// inRangeOf is true for a row whose keyspace_id lies in an owned range with the given activity
-// (inactive: moving or copied).
-const inRangeOf = `EXISTS (SELECT 1 FROM shardgate_owned_range o
-	WHERE o.active = %t AND t.keyspace_id >= o.lo AND (o.hi IS NULL OR t.keyspace_id < o.hi))`
-
-// deleteMovedRows removes the rows of ranges that moved away, once their new owners hold
-// copies: left behind they would count a moved transfer twice in any sum over shards.
-func deleteMovedRows(ctx context.Context, tx pgx.Tx) error {
-	for _, table := range []string{"idempotency_record", "ledger_entries", "shardgate_credit_outbox"} {
-		q := fmt.Sprintf("DELETE FROM %s t WHERE %s AND NOT %s", table, fmt.Sprintf(inRangeOf, false), fmt.Sprintf(inRangeOf, true))
-		if _, err := tx.Exec(ctx, q); err != nil {
-			return fmt.Errorf("delete moved rows from %s: %w", table, err)
-		}
-	}
-	return nil
-}
-
 // Bounds returns r's bounds as stored: sign-flipped, hi nil when r runs to the end.
 func Bounds(r shardmap.KeyRange) (lo int64, hi *int64) {
 	if end, bounded := r.Hi(); bounded {
@@ -242,14 +232,14 @@ func Bounds(r shardmap.KeyRange) (lo int64, hi *int64) {
 }
 
 // SettleStale finishes the settle of an apply that was granted on this shard but not settled:
-// it deletes the rows of its inactive ranges that no active range covers (their new owners
-// hold copies) and forgets those ranges. Versions are left as they are.
+// it lists its inactive ranges to purge (PurgeMoved deletes their rows that no active range
+// covers: their new owners hold copies) and forgets those ranges. Versions are left as they are.
 func SettleStale(ctx context.Context, pool *pgxpool.Pool) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", LockClass, LockOwnership); err != nil {
 			return err
 		}
-		if err := deleteMovedRows(ctx, tx); err != nil {
+		if err := queuePurge(ctx, tx); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, "DELETE FROM shardgate_owned_range WHERE NOT active")

@@ -276,7 +276,11 @@ func functionDefs(t *testing.T, pool *pgxpool.Pool) map[string]string {
 // changedSincePreviousRelease names the functions whose files were changed on purpose since the
 // release of testdata/release_0007.sql; TestFreshAndUpgradedShardsAgree holds every other to the
 // previous release's definition. Empty again once the fixture of the next release is written.
-var changedSincePreviousRelease = map[string]bool{}
+var changedSincePreviousRelease = map[string]bool{"shardgate_copy_records": true}
+
+// addedSincePreviousRelease names the functions this release added (a file of sql/ the previous
+// release did not have). Empty again once the fixture of the next release is written.
+var addedSincePreviousRelease = map[string]bool{"shardgate_capture_change": true}
 
 // A fresh shard and one upgraded from the previous release end with the same schema, and the
 // functions in sql/ do what the previous release's did: the same definitions but for comments
@@ -307,8 +311,14 @@ func TestFreshAndUpgradedShardsAgree(t *testing.T) {
 			t.Errorf("%s differs from the previous release's:\nnow\n%s\nbefore\n%s", sig, now[sig], def)
 		}
 	}
-	if len(now) != len(previous)-1 {
-		t.Errorf("%d functions now, %d before; want the previous release's less shardgate_prior_outcome", len(now), len(previous))
+	added := 0
+	for sig := range now {
+		if _, ok := previous[sig]; !ok && addedSincePreviousRelease[strings.Split(sig, "(")[0]] {
+			added++
+		}
+	}
+	if len(now) != len(previous)-1+added {
+		t.Errorf("%d functions now, %d before; want the previous release's less shardgate_prior_outcome, and %d added", len(now), len(previous), added)
 	}
 }
 

@@ -13,10 +13,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -65,13 +63,17 @@ type MoveReport struct {
 }
 
 // ApplyMap makes the shards of m own exactly their ranges under m.Version, moving the rows of
-// every key range that changes owner: (1) every shard revokes what it loses, so those ranges
-// are owned by nobody and their transfers get a retryable 503; (2) the idempotency records and
-// ledger rows of each revoked range are copied to the shards that now own it, so a retry there
-// replays instead of applying again; (3) every shard grants its new ranges; (4) every shard
-// forgets its moving ranges. If any step fails nothing later runs; running ApplyMap again
-// resumes, and so does applying a newer map, while an older one is refused. One ApplyMap runs at
-// a time: it holds an apply lock on every shard of m throughout, and fails at once with
+// every key range that changes owner while its old owner keeps serving it: (1) every shard
+// records that the apply has begun; (2) each moving range is copied to its new owner (bulk copy
+// from a cursor stored on the old owner, then catch-up passes over the changes captured there
+// since, see copyOnline) while the old owner serves it; (3) every shard revokes what it loses
+// (the fence: those ranges are owned by nobody and their transfers get a retryable 503), and the
+// last changes are copied; (4) every shard grants its new ranges; (5) every shard lists its
+// moved ranges to purge, and (6) deletes their rows in small batches (idem.PurgeMoved). So a
+// retry of a key completed before or during the move replays on the new owner instead of
+// applying again. If any step fails nothing later runs; running ApplyMap again resumes where it
+// stopped, and so does applying a newer map, while an older one is refused. One ApplyMap runs
+// at a time: it holds an apply lock on every shard of m throughout, and fails at once with
 // ErrApplyRunning if another holds one. pool must return a pool for every shard of m, with a
 // connection to spare for the lock; iv is the partition interval, used to create partitions
 // for copied records.
@@ -79,6 +81,12 @@ type MoveReport struct {
 // A shard missing from m is not touched: remove a shard only after a map without its ranges
 // has been applied.
 func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpool.Pool, iv partition.Interval) ([]MoveReport, error) {
+	return Apply(ctx, m, pool, Options{Interval: iv})
+}
+
+// Apply is ApplyMap with options: progress reports, and when the catch-up ends.
+func Apply(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpool.Pool, opts Options) ([]MoveReport, error) {
+	opts = opts.withDefaults()
 	unlock, err := takeApplyLocks(ctx, m, pool)
 	if err != nil {
 		return nil, err
@@ -95,6 +103,10 @@ func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgx
 			return nil, fmt.Errorf("shard %s: settle the unfinished earlier apply: %w", name, err)
 		}
 	}
+	// Rows an earlier apply moved away, and left to delete, go before anything moves.
+	if err := purge(ctx, m, pool, opts, nil); err != nil {
+		return nil, err
+	}
 	owned := m.Ownership()
 	digest := MapDigest(m)
 	apply := func(phase idem.Phase) error {
@@ -106,24 +118,80 @@ func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgx
 		}
 		return nil
 	}
-	if err := apply(idem.Revoke); err != nil {
-		return nil, err
-	}
 	planned, err := plan(ctx, m, pool)
 	if err != nil {
 		return nil, err
 	}
-	var moves []MoveReport
-	for _, mv := range planned {
-		if err := copyRange(ctx, pool(mv.From), pool(mv.To), mv.Range, iv, &mv); err != nil {
+	if err := dropStaleMoves(ctx, m, pool, planned); err != nil {
+		return nil, err
+	}
+	// Copy while the old owners serve, once every shard knows this apply has begun.
+	if err := apply(idem.Begin); err != nil {
+		return nil, err
+	}
+	moves := make([]MoveReport, len(planned))
+	copy(moves, planned)
+	for i := range moves {
+		mv := &moves[i]
+		if err := copyOnline(ctx, pool(mv.From), pool(mv.To), mv, m.Version, opts); err != nil {
 			return moves, fmt.Errorf("copy %s from %s to %s: %w", mv.Range, mv.From, mv.To, err)
 		}
-		moves = append(moves, mv)
+	}
+	// The fence: from the revoke to the grant, the moving ranges are owned by no shard. Each
+	// move says so first, so that an apply stopped inside the fence is seen as fenced.
+	for _, mv := range moves {
+		if _, err := pool(mv.From).Exec(ctx, "UPDATE shardgate_range_move SET phase = $2, updated_at = now() WHERE key_range = $1",
+			mv.Range.String(), PhaseFenced); err != nil {
+			return moves, fmt.Errorf("shard %s: %w", mv.From, err)
+		}
+	}
+	if err := apply(idem.Revoke); err != nil {
+		return moves, err
+	}
+	fenced := time.Now()
+	hook("fenced")
+	if opts.OnFenced != nil {
+		if err := opts.OnFenced(); err != nil {
+			return moves, err
+		}
+	}
+	for i := range moves {
+		mv := &moves[i]
+		if err := finishMove(ctx, pool(mv.From), pool(mv.To), mv, opts, fenced); err != nil {
+			return moves, fmt.Errorf("copy %s from %s to %s: %w", mv.Range, mv.From, mv.To, err)
+		}
 	}
 	if err := apply(idem.Grant); err != nil {
 		return moves, err
 	}
-	return moves, apply(idem.Settle)
+	for _, mv := range moves {
+		opts.report(Progress{Phase: PhaseGranted, From: mv.From, To: mv.To, Range: mv.Range, Fenced: time.Since(fenced)})
+	}
+	if err := apply(idem.Settle); err != nil {
+		return moves, err
+	}
+	return moves, purge(ctx, m, pool, opts, moves)
+}
+
+// PurgeBatch is how many rows of a moved range one purge transaction deletes on its old owner:
+// rows no transfer reads, so a larger batch holds nobody up, and costs fewer round trips.
+const PurgeBatch = 5000
+
+// purge deletes, on every shard of m, the rows of ranges that moved away from it
+// (idem.PurgeMoved), reporting progress on the moves of this apply.
+func purge(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool, opts Options, moves []MoveReport) error {
+	for _, s := range m.Shards {
+		n, err := idem.PurgeMoved(ctx, pool(s.Name), PurgeBatch)
+		if err != nil {
+			return fmt.Errorf("shard %s: delete the rows of ranges moved away: %w", s.Name, err)
+		}
+		for _, mv := range moves {
+			if mv.From == s.Name {
+				opts.report(Progress{Phase: PhasePurging, From: mv.From, To: mv.To, Range: mv.Range, Purged: n})
+			}
+		}
+	}
+	return nil
 }
 
 // plan lists the moves m makes: every part of a range a shard holds (active or moving) that
@@ -341,26 +409,29 @@ func takeApplyLocks(ctx context.Context, m *shardmap.Map, pool func(string) *pgx
 	return unlock, nil
 }
 
-// copyBatch is how many idempotency records copyRange copies per transaction: each holds its
-// key's advisory lock until commit, and the lock table is shared by the whole server.
-const copyBatch = 500
-
-const (
-	recordCols = "key, scope, request_hash, keyspace_id, response, state, created_at"
-	ledgerCols = "transfer_id, keyspace_id, account_id, counterparty_id, amount, currency, kind, reference, client, created_at"
-	// The owed credits of the range's debits; a lease is the source's relay's and stays behind.
-	outboxCols = "transfer_id, keyspace_id, src, dst, amount, currency, reference, client, debited_at, settled_at, attempts, next_attempt_at, last_error"
-	inRange    = "keyspace_id >= $1 AND ($2::bigint IS NULL OR keyspace_id < $2)"
-)
-
-// copyRange copies the idempotency records and ledger rows whose keyspace id is in r from src to
-// dst, skipping rows dst already has, so it can run again after an interruption. No shard owns
-// r meanwhile, but dst serves its other ranges: each record is inserted under its key's lock
+// copyRange copies the idempotency records, ledger rows and owed credits whose keyspace id is in
+// r from src to dst, skipping rows dst already has, so it can run again after an interruption:
+// the bulk copy of a move without a stored cursor. dst serves its other ranges meanwhile: each record is inserted under its key's lock
 // (shardgate_copy_records), so a transfer there reusing the key cannot add a second record.
 // Each transaction also lists r on dst as a copied range, so rows copied by an apply that never
 // reaches its grant are deleted when a later apply settles, instead of being left behind; a
 // copied range is not held, so it cannot stand in for the shard the rows were copied from.
 func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, iv partition.Interval, mv *MoveReport) error {
+	if err := ensureCopyPartitions(ctx, src, dst, r, iv); err != nil {
+		return err
+	}
+	// Each table in keyset batches over its keyspace index: a batch reads its own rows only.
+	for i := range tables {
+		if done, err := tables[i].copyAll(ctx, src, dst, r, nil, mv, nil); err != nil || done {
+			return err
+		}
+	}
+	return nil
+}
+
+// ensureCopyPartitions creates on dst the partitions that the records of r on src are copied
+// into.
+func ensureCopyPartitions(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, iv partition.Interval) error {
 	lo, hi := idem.Bounds(r)
 	var oldest, newest *time.Time
 	// A record is copied dated no earlier than its key's floor (shardgate_copy_records): one
@@ -380,107 +451,5 @@ func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange,
 			return fmt.Errorf("partitions for copied records: %w", err)
 		}
 	}
-	// Records, a batch per transaction, in (scope, key) order.
-	var after *[2]string
-	for {
-		args := []any{lo, hi, nil, nil}
-		if after != nil {
-			args[2], args[3] = after[0], after[1]
-		}
-		q := fmt.Sprintf("SELECT %s FROM idempotency_record WHERE %s AND ($3::text IS NULL OR (scope, key) > ($3, $4)) ORDER BY scope, key LIMIT %d",
-			recordCols, inRange, copyBatch)
-		var n int
-		var last [2]string // the source's last (scope, key): the source's order decides the next page
-		onRow := func(vals []any) { last[0], last[1] = vals[1].(string), vals[0].(string) }
-		done, err := copyInto(ctx, src, dst, r, "idempotency_record", recordCols, q, args, onRow, func(ctx context.Context, tx pgx.Tx, rows int) error {
-			n = rows
-			var inserted, conflicts int64
-			if err := tx.QueryRow(ctx, "SELECT inserted, conflicts FROM shardgate_copy_records()").Scan(&inserted, &conflicts); err != nil {
-				return err
-			}
-			mv.Records += inserted
-			mv.Conflicts += conflicts
-			return nil
-		})
-		if err != nil || done {
-			return err
-		}
-		if n < copyBatch {
-			break
-		}
-		after = &last
-	}
-	// Ledger rows: their unique (transfer_id, kind) settles any race, so one statement does.
-	_, err := copyInto(ctx, src, dst, r, "ledger_entries", ledgerCols, fmt.Sprintf("SELECT %s FROM ledger_entries WHERE %s", ledgerCols, inRange), []any{lo, hi}, nil,
-		func(ctx context.Context, tx pgx.Tx, _ int) error {
-			tag, err := tx.Exec(ctx, fmt.Sprintf("INSERT INTO ledger_entries (%[1]s) SELECT %[1]s FROM moving_rows ON CONFLICT (transfer_id, kind) DO NOTHING", ledgerCols))
-			mv.Ledger += tag.RowsAffected()
-			return err
-		})
-	if err != nil {
-		return err
-	}
-	// Owed credits go with their debits. A credit settled on either side stays settled: a relay
-	// may have delivered it from src until the revoke, and delivering it again would only replay.
-	_, err = copyInto(ctx, src, dst, r, "shardgate_credit_outbox", outboxCols, fmt.Sprintf("SELECT %s FROM shardgate_credit_outbox WHERE %s", outboxCols, inRange), []any{lo, hi}, nil,
-		func(ctx context.Context, tx pgx.Tx, _ int) error {
-			tag, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO shardgate_credit_outbox AS o (%[1]s) SELECT %[1]s FROM moving_rows
-				ON CONFLICT (transfer_id) DO UPDATE SET settled_at = coalesce(o.settled_at, EXCLUDED.settled_at)`, outboxCols))
-			mv.Credits += tag.RowsAffected()
-			return err
-		})
-	return err
-}
-
-// copyInto runs one copy transaction on dst: it stages the rows query returns from src in the
-// temporary table moving_rows (cols of table), passing each to onRow unless it is nil, and if
-// any were staged lists r on dst as copied and calls insert with their number. done is true, and nothing is copied, when dst already serves part of r:
-// an apply run again after its grant, whose copy was made and whose new rows are dst's own.
-func copyInto(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, table, cols, query string, args []any,
-	onRow func([]any), insert func(ctx context.Context, tx pgx.Tx, rows int) error) (done bool, err error) {
-	lo, hi := idem.Bounds(r)
-	err = pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1, $2)", idem.LockClass, idem.LockOwnership); err != nil {
-			return err
-		}
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM shardgate_owned_range
-			WHERE active AND ($2::bigint IS NULL OR lo < $2) AND (hi IS NULL OR hi > $1))`, lo, hi).Scan(&done); err != nil || done {
-			return err
-		}
-		if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE TEMP TABLE moving_rows ON COMMIT DROP AS SELECT %s FROM %s WITH NO DATA", cols, table)); err != nil {
-			return err
-		}
-		rows, err := src.Query(ctx, query, args...)
-		if err != nil {
-			return err
-		}
-		n, err := tx.CopyFrom(ctx, pgx.Identifier{"moving_rows"}, splitCols(cols), pgx.CopyFromFunc(func() ([]any, error) {
-			if !rows.Next() {
-				return nil, rows.Err()
-			}
-			vals, err := rows.Values()
-			if err == nil && onRow != nil {
-				onRow(vals)
-			}
-			return vals, err
-		}))
-		rows.Close()
-		if err != nil || n == 0 {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO shardgate_owned_range (key_range, lo, hi, active, copied) VALUES ($1, $2, $3, false, true)
-			ON CONFLICT (key_range) DO NOTHING`, r.String(), lo, hi); err != nil {
-			return err
-		}
-		return insert(ctx, tx, int(n))
-	})
-	return done, err
-}
-
-func splitCols(cols string) []string {
-	parts := strings.Split(cols, ",")
-	for i := range parts {
-		parts[i] = strings.TrimSpace(parts[i])
-	}
-	return parts
+	return nil
 }

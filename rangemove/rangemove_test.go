@@ -504,9 +504,8 @@ func (c *cluster) outbox(shard string) map[string]owedRow {
 }
 
 // Owed credits move with their debits' range: Plan counts them, the copy keeps each as it was
-// (settled at its time, or pending with its attempts and due time; a relay's lease stays
-// behind), the moved-away rows stay until the settle deletes them, and the new owner then
-// delivers the pending ones.
+// (settled at its time, or pending with its attempts, due time and lease), the moved-away rows
+// stay until the settle lists them to purge, and the new owner then delivers the pending ones.
 func TestOwedCreditsMoveWithTheirSourceRange(t *testing.T) {
 	ctx := context.Background()
 	c := newCluster(t, "sa", "sb")
@@ -543,6 +542,9 @@ func TestOwedCreditsMoveWithTheirSourceRange(t *testing.T) {
 		t.Errorf("sa holds %d owed credits between grant and settle, want its 3 until the settle", n)
 	}
 	c.phase(v2, idem.Settle, "sa", "sb")
+	if _, err := idem.PurgeMoved(ctx, c.pool("sa"), 2); err != nil {
+		t.Fatal(err)
+	}
 	if n := len(c.outbox("sa")); n != 0 {
 		t.Errorf("sa kept %d owed credits of the range it gave away", n)
 	}
@@ -556,17 +558,26 @@ func TestOwedCreditsMoveWithTheirSourceRange(t *testing.T) {
 	}
 	for _, id := range []string{"t-k2", "t-k3"} {
 		got, was := after[id], before[id]
-		if got.settledAt != nil || got.attempts != was.attempts || !got.nextAttempt.Equal(was.nextAttempt) || got.leaseOwner != nil {
-			t.Errorf("%s on sb: settled %v, %d attempts, due %v, lease %v; want pending, %d attempts, due %v, no lease",
-				id, got.settledAt, got.attempts, got.nextAttempt, got.leaseOwner, was.attempts, was.nextAttempt)
+		if got.settledAt != nil || got.attempts != was.attempts || !got.nextAttempt.Equal(was.nextAttempt) || !sameLease(got.leaseOwner, was.leaseOwner) {
+			t.Errorf("%s on sb: settled %v, %d attempts, due %v, lease %v; want pending, %d attempts, due %v, lease %v as on sa",
+				id, got.settledAt, got.attempts, got.nextAttempt, got.leaseOwner, was.attempts, was.nextAttempt, was.leaseOwner)
 		}
 	}
-	// sb delivers what is due: t-k3, whose lease stayed on sa; t-k2 waits out its backoff.
+	// t-k3's lease moved with it: sb's relay leaves it to relay-x until the lease runs out, then
+	// takes it over; t-k2 waits out its backoff.
+	if claimed, err := idem.ClaimCredits(ctx, c.pool("sb"), "relay-y", 10, time.Minute); err != nil || len(claimed) != 0 {
+		t.Errorf("claim on sb while relay-x's lease runs: %+v, %v; want nothing", claimed, err)
+	}
+	if _, err := c.pool("sb").Exec(ctx, "UPDATE shardgate_credit_outbox SET lease_until = now() - interval '1 second' WHERE transfer_id = 't-k3'"); err != nil {
+		t.Fatal(err)
+	}
 	claimed, err := idem.ClaimCredits(ctx, c.pool("sb"), "relay-y", 10, time.Minute)
-	if err != nil || len(claimed) != 1 || claimed[0].TransferID != "t-k3" || claimed[0].TakenOver {
-		t.Errorf("claim on sb: %+v, %v; want t-k3 alone, not taken over", claimed, err)
+	if err != nil || len(claimed) != 1 || claimed[0].TransferID != "t-k3" || !claimed[0].TakenOver {
+		t.Errorf("claim on sb: %+v, %v; want t-k3 alone, taken over from relay-x", claimed, err)
 	}
 }
+
+func sameLease(a, b *string) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 

@@ -63,19 +63,25 @@ func TestDevKeepsAnEditedSandbox(t *testing.T) {
 	}
 	edited := strings.Replace(strings.Replace(string(data), "version: 1", "version: 2", 1), `ranges: ["-80"]`, `ranges: ["-40"]`, 1)
 	edited = "# moved 40-80 to shard-1\n" + strings.Replace(edited, `ranges: ["80-"]`, `ranges: ["40-"]`, 1)
-	if err := os.WriteFile(mapPath, []byte(edited), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, m, err := service.Load(filepath.Join(dir, "router.yaml"))
-	if err != nil {
+	// Applied from a file of its own, put in place of the map at the fence.
+	newMap := filepath.Join(dir, "new.yaml")
+	if err := os.WriteFile(newMap, []byte(edited), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var applied bytes.Buffer
-	if err := service.ApplyMap(context.Background(), cfg, m, &applied); err != nil {
-		t.Fatal(err)
+	if code := runShardmap(context.Background(), []string{"apply", "--config", filepath.Join(dir, "router.yaml"), "--map", newMap}, &applied, &applied); code != exitOK {
+		t.Fatalf("apply --map: exit %d\n%s", code, applied.String())
 	}
-	if !strings.Contains(applied.String(), "moved rows of 40-80 from shard-0 to shard-1") {
-		t.Errorf("apply's report names the wrong range:\n%s", applied.String())
+	if !strings.Contains(applied.String(), "moved rows of 40-80 from shard-0 to shard-1") || !strings.Contains(applied.String(), "fenced: "+newMap+" put in place of") {
+		t.Errorf("apply's report names the wrong range, or the map was not put in place:\n%s", applied.String())
+	}
+	if data, err := os.ReadFile(mapPath); err != nil || string(data) != edited {
+		t.Errorf("the map in place after apply --map: %v\n%s", err, data)
+	}
+	var status bytes.Buffer
+	if code := runShardmap(context.Background(), []string{"status", "--config", filepath.Join(dir, "router.yaml")}, &status, &status); code != exitOK ||
+		!strings.Contains(status.String(), "shard shard-1: map version 2, owns [40-]") || !strings.Contains(status.String(), "no range is moving") {
+		t.Errorf("shardmap status after the apply: exit %d\n%s", code, status.String())
 	}
 	stop()
 

@@ -29,8 +29,9 @@ commands:
   shardmap check FILE                    validate a shard map
   shardmap route FILE ACCOUNT            show which shard owns an account
   shardmap diff OLD NEW                  show what changes between two maps
-  shardmap apply --config router.yaml [--dry-run]
-                                         make the shards own the map's ranges (revoke, move rows, grant)
+  shardmap apply --config router.yaml [--dry-run] [--map FILE]
+                                         make the shards own the map's ranges (copy while serving, fence, grant)
+  shardmap status --config router.yaml   show what each shard owns and where range moves stand
   reconcile --config router.yaml [--since 1h] [--repair]
                                          check that the shards' ledgers add up (exit status 1 if not); --repair
                                          makes missing credits owed again

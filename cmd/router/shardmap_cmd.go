@@ -26,12 +26,15 @@ const shardmapUsage = `usage:
   router shardmap check FILE          validate a shard map and report every problem
   router shardmap route FILE ACCOUNT  show the keyspace id, range and shard of ACCOUNT
   router shardmap diff OLD NEW        show what replacing map OLD by NEW changes
-  router shardmap apply --config router.yaml [--dry-run]
-                                      make the shards own the ranges of the map router.yaml names,
-                                      moving rows; --dry-run prints the plan and changes nothing`
+  router shardmap apply --config router.yaml [--dry-run] [--map FILE]
+                                      make the shards own the ranges of the map router.yaml names
+                                      (or of FILE, put in its place at the fence), moving rows;
+                                      --dry-run prints the plan and changes nothing
+  router shardmap status --config router.yaml
+                                      show what each shard owns and where range moves stand`
 
 // runShardmap implements `router shardmap check FILE`, `route FILE ACCOUNT`,
-// `diff OLD NEW` and `apply --config FILE [--dry-run]`; args are the
+// `diff OLD NEW`, `apply --config FILE [--dry-run]` and `status --config FILE`; args are the
 // arguments after "shardmap". It returns the process exit status: 0 on
 // success, 1 for a problem found (an invalid or unreadable map, or a diff
 // whose new version does not increase) and 2 for a usage error. Results go
@@ -43,6 +46,9 @@ func runShardmap(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	sub, rest := args[0], args[1:]
 	if sub == "apply" {
 		return exitStatus(shardmapApply(ctx, rest, stdout), stderr)
+	}
+	if sub == "status" {
+		return exitStatus(shardmapStatus(ctx, rest, stdout), stderr)
 	}
 	want := map[string]int{"check": 1, "route": 2, "diff": 2}
 	switch n, known := want[sub]; {
@@ -135,15 +141,27 @@ func loadShardmap(sub, path string, stderr io.Writer) (*shardmap.Map, bool) {
 // it prints what that would move, and changes nothing.
 func shardmapApply(ctx context.Context, args []string, stdout io.Writer) error {
 	var dryRun bool
+	var mapFile string
 	return withConfig("shardmap apply", args, stdout, func(cfg *config.Config, m *shardmap.Map) error {
+		if mapFile != "" {
+			next, err := shardmap.Load(mapFile)
+			if err != nil {
+				return err
+			}
+			m = next
+		}
 		if err := reachShards(ctx, cfg, m); err != nil {
 			return err
 		}
-		if dryRun {
+		switch {
+		case dryRun:
 			return service.PlanMap(ctx, cfg, m, stdout)
+		case mapFile != "":
+			return service.ApplyMapFile(ctx, cfg, m, mapFile, stdout)
 		}
 		return service.ApplyMap(ctx, cfg, m, stdout)
 	}, func(fs *flag.FlagSet) {
 		fs.BoolVar(&dryRun, "dry-run", false, "print the plan (ranges, shards, rows to move) and change nothing")
+		fs.StringVar(&mapFile, "map", "", "apply this map file instead of the one router.yaml names, and put it in its place once the moving ranges are fenced")
 	})
 }

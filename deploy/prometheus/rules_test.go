@@ -201,7 +201,7 @@ func TestRulesAreCompleteAndNameExportedMetrics(t *testing.T) {
 	// What must be alerted on: upkeep behind, no future partition, drops not happening, a
 	// jump of the replay rate, credits owed too long, slow credits, credit delivery conflicts, stalling groups,
 	// a ledger discrepancy, a reconcile that no longer completes, requests for a moving range
-	// answered 503.
+	// answered 503, a stalled range move and one stopped behind its fence.
 	for _, n := range []string{
 		"shardgate_upkeep_last_success_timestamp_seconds",
 		"shardgate_idempotency_future_partitions",
@@ -214,6 +214,8 @@ func TestRulesAreCompleteAndNameExportedMetrics(t *testing.T) {
 		"shardgate_reconcile_discrepancies",
 		"shardgate_reconcile_last_success_timestamp_seconds",
 		"shardgate_buffered_requests_total",
+		"shardgate_range_move_progress_timestamp_seconds",
+		"shardgate_range_move_phase",
 	} {
 		if len(alertsUsing[n]) == 0 {
 			t.Errorf("no alert uses %s", n)

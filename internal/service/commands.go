@@ -46,7 +46,11 @@ func Migrate(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Wr
 // applyMap makes every shard own its ranges of m, moving the rows of ranges that change owner,
 // and reports the moves.
 func applyMap(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(string) *pgxpool.Pool, out io.Writer) error {
-	moves, err := rangemove.ApplyMap(ctx, m, pool, cfg.Idempotency.PartitionInterval)
+	return applyMapWith(ctx, cfg, m, pool, out, nil)
+}
+
+func applyMapWith(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(string) *pgxpool.Pool, out io.Writer, onFenced func() error) error {
+	moves, err := rangemove.Apply(ctx, m, pool, rangemove.Options{Interval: cfg.Idempotency.PartitionInterval, Progress: progressPrinter(out), OnFenced: onFenced})
 	for _, mv := range moves {
 		fmt.Fprintf(out, "moved rows of %s from %s to %s: %d idempotency records, %d ledger rows, %d owed credits\n", mv.Range, mv.From, mv.To, mv.Records, mv.Ledger, mv.Credits)
 		if mv.Conflicts > 0 {
@@ -215,7 +219,8 @@ func PlanMap(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Wr
 		return err
 	}
 	for _, mv := range moves {
-		fmt.Fprintf(out, "would move %s from %s to %s: %d idempotency records, %d ledger rows, %d owed credits\n", mv.Range, mv.From, mv.To, mv.Records, mv.Ledger, mv.Credits)
+		fmt.Fprintf(out, "would move %s from %s to %s: %d idempotency records, %d ledger rows, %d owed credits; copy about %v at %d rows/s while %s serves, then a fence of about a second\n",
+			mv.Range, mv.From, mv.To, mv.Records, mv.Ledger, mv.Credits, rangemove.Estimate(mv), rangemove.EstimateRate, mv.From)
 	}
 	if len(moves) == 0 {
 		fmt.Fprintln(out, "no range changes owner")

@@ -44,6 +44,7 @@ func (s *Service) Run(ctx context.Context, ln net.Listener, ready func(addr stri
 	defer signal.Stop(hup)
 	go s.reloadLoop(bg, hup)
 	go s.upkeepLoop(bg)
+	go s.moveStatusLoop(bg)
 	if s.Relay != nil {
 		go s.Relay.Run(bg)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/rangemove"
 	"github.com/shardgate/shardgate/relay"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardmap"
@@ -29,6 +30,7 @@ type Service struct {
 	Relay    *relay.Relay // nil when relay.enabled is false
 	log      *slog.Logger
 	upkeep   *idem.UpkeepCollector
+	moves    *rangemove.StatusCollector
 }
 
 // Load reads router.yaml at path and the shard map it names.
@@ -57,7 +59,8 @@ func New(cfg *config.Config, m *shardmap.Map, log *slog.Logger) (*Service, error
 		log:      log,
 		upkeep:   idem.NewUpkeepCollector(cfg.Idempotency.PartitionInterval, cfg.Idempotency.Retention),
 	}
-	s.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), s.upkeep)
+	s.moves = &rangemove.StatusCollector{}
+	s.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), s.upkeep, s.moves)
 	s.Router = router.New(cfg, topo, log, s.Registry)
 	if cfg.Relay.Enabled {
 		s.Relay = relay.New(cfg, s.Router, log, s.Registry)

@@ -1,0 +1,204 @@
+package rangemove
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/shardmap"
+)
+
+// cursor is a row's place in its table's keyspace index: keyspace_id, then the table's keys
+// (one or two). The bulk copy goes on after the last row it copied.
+type cursor struct {
+	KS   int64
+	A, B string
+}
+
+// tableCopy says how one of the tables a range owns is copied: which columns are staged on the
+// destination (moving_rows), which keys order a batch after keyspace_id (its keyspace index), how
+// a change names a row, and how staged rows are written.
+type tableCopy struct {
+	stage  string // its stage in shardgate_range_move, and its tbl in shardgate_range_change
+	table  string
+	cols   string // staged columns; the first ones after keyspace_id name the row's place
+	keys   []string
+	casts  []string // of the cursor's A and B in SQL
+	match  string   // joins t to c(a, b), the rows named by changes
+	batch  int
+	place  func(vals []any) cursor
+	insert func(ctx context.Context, tx pgx.Tx, mv *MoveReport) error
+}
+
+const (
+	recordCols = "key, scope, request_hash, keyspace_id, response, state, created_at"
+	ledgerCols = "transfer_id, keyspace_id, account_id, counterparty_id, amount, currency, kind, reference, client, created_at"
+	// The owed credits of the range's debits, with their delivery state and lease: a relay of
+	// the old owner may be delivering one, and the new owner's relay waits out its lease.
+	outboxCols = "transfer_id, keyspace_id, src, dst, amount, currency, reference, client, debited_at, settled_at, attempts, next_attempt_at, lease_owner, lease_until, last_error"
+	inRange    = "keyspace_id >= $1 AND ($2::bigint IS NULL OR keyspace_id < $2)"
+)
+
+// copyBatch is how many idempotency records are copied per transaction: each holds its key's
+// advisory lock until commit, and the lock table is shared by the whole server. Ledger rows and
+// owed credits take no such lock and go in larger batches.
+const (
+	copyBatch = 500
+	rowBatch  = 2000
+)
+
+var tables = []tableCopy{
+	{
+		stage: "records", table: "idempotency_record", cols: recordCols,
+		keys: []string{"scope", "key"}, casts: []string{"text", "text"},
+		match: "t.scope = c.a AND t.key = c.b", batch: copyBatch,
+		place: func(v []any) cursor { return cursor{KS: v[3].(int64), A: v[1].(string), B: v[0].(string)} },
+		insert: func(ctx context.Context, tx pgx.Tx, mv *MoveReport) error {
+			var inserted, conflicts int64
+			if err := tx.QueryRow(ctx, "SELECT inserted, conflicts FROM shardgate_copy_records()").Scan(&inserted, &conflicts); err != nil {
+				return err
+			}
+			mv.Records += inserted
+			mv.Conflicts += conflicts
+			return nil
+		},
+	},
+	{
+		// Ledger rows: their unique (transfer_id, kind) settles any race. id, the source's, only
+		// orders the batches: the destination numbers its rows itself.
+		stage: "ledger", table: "ledger_entries", cols: "id, " + ledgerCols,
+		keys: []string{"id"}, casts: []string{"bigint"},
+		match: "t.transfer_id = c.a AND t.kind = c.b", batch: rowBatch,
+		place: func(v []any) cursor { return cursor{KS: v[2].(int64), A: fmt.Sprint(v[0].(int64))} },
+		insert: func(ctx context.Context, tx pgx.Tx, mv *MoveReport) error {
+			tag, err := tx.Exec(ctx, fmt.Sprintf("INSERT INTO ledger_entries (%[1]s) SELECT %[1]s FROM moving_rows ON CONFLICT (transfer_id, kind) DO NOTHING", ledgerCols))
+			mv.Ledger += tag.RowsAffected()
+			return err
+		},
+	},
+	{
+		// Owed credits: the source's state wins, but a credit settled on either side stays
+		// settled (delivering it again would only replay).
+		stage: "outbox", table: "shardgate_credit_outbox", cols: outboxCols,
+		keys: []string{"transfer_id"}, casts: []string{"text"},
+		match: "t.transfer_id = c.a", batch: rowBatch,
+		place: func(v []any) cursor { return cursor{KS: v[1].(int64), A: v[0].(string)} },
+		insert: func(ctx context.Context, tx pgx.Tx, mv *MoveReport) error {
+			tag, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO shardgate_credit_outbox AS o (%[1]s) SELECT %[1]s FROM moving_rows
+				ON CONFLICT (transfer_id) DO UPDATE SET settled_at = coalesce(o.settled_at, EXCLUDED.settled_at),
+					attempts = greatest(o.attempts, EXCLUDED.attempts), next_attempt_at = EXCLUDED.next_attempt_at,
+					lease_owner = EXCLUDED.lease_owner, lease_until = EXCLUDED.lease_until, last_error = EXCLUDED.last_error`, outboxCols))
+			mv.Credits += tag.RowsAffected()
+			return err
+		},
+	},
+}
+
+// batchQuery selects the next batch of t's rows in r after c (from the first when c is nil), in
+// keyspace index order.
+func (t *tableCopy) batchQuery(lo int64, hi *int64, c *cursor) (string, []any) {
+	q := fmt.Sprintf("SELECT %s FROM %s WHERE %s", t.cols, t.table, inRange)
+	args := []any{lo, hi}
+	order := "keyspace_id, " + strings.Join(t.keys, ", ")
+	if c != nil {
+		params := []string{"$3"}
+		args = append(args, c.KS, c.A)
+		params = append(params, "$4::"+t.casts[0])
+		if len(t.keys) > 1 {
+			args = append(args, c.B)
+			params = append(params, "$5::"+t.casts[1])
+		}
+		q += fmt.Sprintf(" AND (%s) > (%s)", order, strings.Join(params, ", "))
+	}
+	return q + fmt.Sprintf(" ORDER BY %s LIMIT %d", order, t.batch), args
+}
+
+// copyBatchOf copies one batch of t's rows in r after c from src to dst and returns how many it
+// read and the last one's place. done is true, and nothing is copied, when dst already serves
+// part of r (see copyInto).
+func (t *tableCopy) copyBatchOf(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, c *cursor, mv *MoveReport) (n int, last cursor, done bool, err error) {
+	lo, hi := idem.Bounds(r)
+	q, args := t.batchQuery(lo, hi, c)
+	done, err = copyInto(ctx, src, dst, r, t.table, t.cols, q, args, func(v []any) { last = t.place(v); n++ },
+		func(ctx context.Context, tx pgx.Tx, _ int) error { return t.insert(ctx, tx, mv) })
+	return n, last, done, err
+}
+
+// copyAll copies every row of t in r from src to dst, a batch per transaction, starting after
+// c (from the first when nil). after, unless nil, is called with each batch's last place once
+// the batch is committed on dst. done is as copyBatchOf's.
+func (t *tableCopy) copyAll(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, c *cursor, mv *MoveReport, after func(n int, last cursor) error) (done bool, err error) {
+	for {
+		n, last, done, err := t.copyBatchOf(ctx, src, dst, r, c, mv)
+		if err != nil || done {
+			return done, err
+		}
+		if n > 0 && after != nil {
+			if err := after(n, last); err != nil {
+				return false, err
+			}
+		}
+		if n < t.batch {
+			return false, nil
+		}
+		c = &last
+	}
+}
+
+// copyInto runs one copy transaction on dst: it stages the rows query returns from src in the
+// temporary table moving_rows (cols of table), passing each to onRow unless it is nil, and if
+// any were staged lists r on dst as copied and calls insert with their number. done is true, and
+// nothing is copied, when dst already serves part of r: an apply run again after its grant,
+// whose copy was made and whose new rows are dst's own.
+func copyInto(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, table, cols, query string, args []any,
+	onRow func([]any), insert func(ctx context.Context, tx pgx.Tx, rows int) error) (done bool, err error) {
+	lo, hi := idem.Bounds(r)
+	err = pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1, $2)", idem.LockClass, idem.LockOwnership); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM shardgate_owned_range
+			WHERE active AND ($2::bigint IS NULL OR lo < $2) AND (hi IS NULL OR hi > $1))`, lo, hi).Scan(&done); err != nil || done {
+			return err
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE TEMP TABLE moving_rows ON COMMIT DROP AS SELECT %s FROM %s WITH NO DATA", cols, table)); err != nil {
+			return err
+		}
+		rows, err := src.Query(ctx, query, args...)
+		if err != nil {
+			return err
+		}
+		n, err := tx.CopyFrom(ctx, pgx.Identifier{"moving_rows"}, splitCols(cols), pgx.CopyFromFunc(func() ([]any, error) {
+			if !rows.Next() {
+				return nil, rows.Err()
+			}
+			vals, err := rows.Values()
+			if err == nil && onRow != nil {
+				onRow(vals)
+			}
+			return vals, err
+		}))
+		rows.Close()
+		if err != nil || n == 0 {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO shardgate_owned_range (key_range, lo, hi, active, copied) VALUES ($1, $2, $3, false, true)
+			ON CONFLICT (key_range) DO NOTHING`, r.String(), lo, hi); err != nil {
+			return err
+		}
+		return insert(ctx, tx, int(n))
+	})
+	return done, err
+}
+
+func splitCols(cols string) []string {
+	parts := strings.Split(cols, ",")
+	for i := range parts {
+		parts[i] = strings.TrimSpace(parts[i])
+	}
+	return parts
+}
