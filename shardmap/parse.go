@@ -14,6 +14,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/shardgate/shardgate/internal/suggest"
+
 	"github.com/shardgate/shardgate/internal/dsn"
 )
 
@@ -246,33 +248,10 @@ func (c *checker) fields(n *yaml.Node, where string, allowed ...string) map[stri
 // unknownKeyHint suggests the allowed key closest to a likely typo.
 func unknownKeyHint(key, where string, allowed []string) string {
 	hint := "allowed keys " + where + ": " + strings.Join(allowed, ", ")
-	for _, a := range allowed {
-		if editDistance(strings.ToLower(key), a) <= 2 {
-			return fmt.Sprintf("did you mean %q? %s", a, hint)
-		}
+	if near := suggest.Nearest(key, allowed); near != "" {
+		return fmt.Sprintf("did you mean %q? %s", near, hint)
 	}
 	return hint
-}
-
-// editDistance is the Levenshtein distance between a and b.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur := make([]int, len(b)+1)
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev = cur
-	}
-	return prev[len(b)]
 }
 
 func (c *checker) version(top, n *yaml.Node) int64 {
