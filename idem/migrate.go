@@ -27,6 +27,51 @@ type Migration struct {
 	Version int
 	Name    string
 	SQL     string
+	// Indexes the migration builds online, from its "-- shardgate: online-index" lines, before
+	// its statements run.
+	OnlineIndexes []OnlineIndex
+}
+
+// OnlineIndex is an index that a migration builds without holding writes to its table: with
+// CREATE INDEX CONCURRENTLY, outside any transaction, and, on a partitioned table, on each
+// partition concurrently and then attached to an index created ON ONLY the parent. A migration
+// declares one by a line of its file
+//
+//	-- shardgate: online-index name ON table (column, ...)
+//
+// Migrate builds a migration's online indexes before its statements, and records the migration
+// only once every one of them is valid, so the table must exist before the migration (an index
+// on a table the migration creates is built among its statements: the table is empty). A build
+// that was interrupted leaves an invalid index, which the next Migrate drops and builds again.
+type OnlineIndex struct {
+	Name    string
+	Table   string
+	Columns string // as written between the parentheses, e.g. "keyspace_id, id"
+}
+
+var (
+	onlineIndexLine = regexp.MustCompile(`^--\s*shardgate:\s*online-index\b(.*)$`)
+	onlineIndexDecl = regexp.MustCompile(`^\s*([a-z_][a-z0-9_]*)\s+ON\s+([a-z_][a-z0-9_]*)\s*\(\s*([a-z_][a-z0-9_]*(?:\s*,\s*[a-z_][a-z0-9_]*)*)\s*\)\s*$`)
+)
+
+// onlineIndexesOf reads the online-index lines of a migration file.
+func onlineIndexesOf(path, body string) ([]OnlineIndex, error) {
+	var out []OnlineIndex
+	for i, line := range strings.Split(body, "\n") {
+		m := onlineIndexLine.FindStringSubmatch(strings.TrimRight(line, "\r"))
+		if m == nil {
+			continue
+		}
+		d := onlineIndexDecl.FindStringSubmatch(m[1])
+		if d == nil {
+			return nil, fmt.Errorf("migration file %s line %d: want \"-- shardgate: online-index name ON table (column, ...)\" with lower-case names, got %q", path, i+1, line)
+		}
+		if len(d[1]) > 63 {
+			return nil, fmt.Errorf("migration file %s line %d: index name %s is longer than 63 bytes", path, i+1, d[1])
+		}
+		out = append(out, OnlineIndex{Name: d[1], Table: d[2], Columns: d[3]})
+	}
+	return out, nil
 }
 
 // FunctionFile is one file of sql/: a SQL function, or a small family of them, defined with
@@ -80,7 +125,11 @@ func migrationsIn(fsys fs.FS) ([]Migration, error) {
 		if err != nil {
 			return nil, err
 		}
-		ms = append(ms, Migration{Version: v, Name: name, SQL: string(body)})
+		online, err := onlineIndexesOf(path, string(body))
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, Migration{Version: v, Name: name, SQL: string(body), OnlineIndexes: online})
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
 	for i := 1; i < len(ms); i++ {
@@ -175,6 +224,9 @@ func functionsIn(fsys fs.FS) ([]FunctionFile, error) {
 // shard at once are serialized by a session advisory lock, so each change runs exactly once, and
 // a second Migrate applies nothing.
 //
+// A migration's online indexes (OnlineIndex) are built first, outside any transaction and
+// without holding transfers; the migration is recorded only once they are all valid.
+//
 // Versioned migrations are recorded by version alone, never by checksum: a shard that applied
 // 0001-0007 while they still defined the functions does not run them again, and gets the same
 // functions from sql/.
@@ -225,6 +277,11 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) ([]string, err
 	for _, m := range ms {
 		if done[m.Version] {
 			continue
+		}
+		for _, ix := range m.OnlineIndexes {
+			if err := buildOnline(ctx, conn.Conn(), ix); err != nil {
+				return applied, fmt.Errorf("migration %04d_%s: index %s on %s: %w", m.Version, m.Name, ix.Name, ix.Table, err)
+			}
 		}
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			// Exec without arguments uses the simple protocol, which allows many statements.

@@ -3,18 +3,12 @@
 -- small pass behind the fence (idem.Revoke → last changes → idem.Grant). Afterwards the old
 -- owner deletes the moved rows in small batches, in the background.
 --
--- Building the three indexes takes each table's SHARE lock while it reads the table: transfers
--- wait for it (a few seconds per million rows on a 2-core machine). The locks are taken first,
--- together, in the order a transfer takes its tables' locks, so the two never wait on each other
--- in a cycle; after 10 s of waiting for them this migration fails whole and can simply be run
--- again.
-SET LOCAL lock_timeout = '10s';
-LOCK TABLE ledger_entries, idempotency_record, shardgate_credit_outbox IN SHARE MODE;
-
 -- A range's rows, found without reading the table, in the order of the copy's keyset batches.
-CREATE INDEX idempotency_record_keyspace_idx ON idempotency_record (keyspace_id, scope, key);
-CREATE INDEX ledger_entries_keyspace_idx ON ledger_entries (keyspace_id, id);
-CREATE INDEX shardgate_credit_outbox_keyspace_idx ON shardgate_credit_outbox (keyspace_id, transfer_id);
+-- Built online (concurrently, partition by partition for idempotency_record, before this file's
+-- statements): transfers go on meanwhile.
+-- shardgate: online-index idempotency_record_keyspace_idx ON idempotency_record (keyspace_id, scope, key)
+-- shardgate: online-index ledger_entries_keyspace_idx ON ledger_entries (keyspace_id, id)
+-- shardgate: online-index shardgate_credit_outbox_keyspace_idx ON shardgate_credit_outbox (keyspace_id, transfer_id)
 
 -- A range this shard still owns and serves while its rows are copied to dst (the source side
 -- of a move, rangemove). While a row is here, every row written or changed in the range is

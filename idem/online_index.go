@@ -1,0 +1,144 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// buildOnline builds ix on conn, which holds no transaction, without blocking writes to its
+// table, and returns once the index is valid. It may be run again at any point: what an earlier
+// run left (an index already built, an invalid one from a build that was interrupted, partitions
+// already done) is kept or finished.
+func buildOnline(ctx context.Context, conn *pgx.Conn, ix OnlineIndex) error {
+	var kind string
+	err := conn.QueryRow(ctx, "SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)", ix.Table).Scan(&kind)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("table %s does not exist before the migration; an index on a table the migration creates belongs among its statements", ix.Table)
+	}
+	if err != nil {
+		return err
+	}
+	switch kind {
+	case "r":
+		return buildConcurrently(ctx, conn, ix.Table, ix.Name, ix.Columns)
+	case "p":
+		return buildPartitioned(ctx, conn, ix)
+	default:
+		return fmt.Errorf("%s is not a table (relkind %s)", ix.Table, kind)
+	}
+}
+
+// buildConcurrently makes sure the plain table has a valid index name on columns, built with
+// CREATE INDEX CONCURRENTLY: an invalid index of that name, left by an interrupted build, is
+// dropped concurrently first.
+func buildConcurrently(ctx context.Context, conn *pgx.Conn, table, name, columns string) error {
+	valid, onTable, exists, err := indexState(ctx, conn, name)
+	if err != nil {
+		return err
+	}
+	if exists && onTable != table {
+		return fmt.Errorf("an index named %s already exists on %s", name, onTable)
+	}
+	if exists && valid {
+		return nil
+	}
+	id, tbl := pgx.Identifier{name}.Sanitize(), pgx.Identifier{table}.Sanitize()
+	if exists {
+		if _, err := conn.Exec(ctx, "DROP INDEX CONCURRENTLY IF EXISTS "+id); err != nil {
+			return fmt.Errorf("drop the invalid index %s left by an interrupted build: %w", name, err)
+		}
+	}
+	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE INDEX CONCURRENTLY %s ON %s (%s)", id, tbl, columns)); err != nil {
+		return fmt.Errorf("build %s on %s: %w", name, table, err)
+	}
+	return nil
+}
+
+// buildPartitioned builds ix on a partitioned table: the parent's index is created ON ONLY the
+// parent (at once, and invalid while a partition lacks it), then each partition's is built
+// concurrently and attached to it; with the last, the parent's index becomes valid. A partition
+// attached later gets its index from the parent's.
+func buildPartitioned(ctx context.Context, conn *pgx.Conn, ix OnlineIndex) error {
+	_, onTable, exists, err := indexState(ctx, conn, ix.Name)
+	if err != nil {
+		return err
+	}
+	if exists && onTable != ix.Table {
+		return fmt.Errorf("an index named %s already exists on %s", ix.Name, onTable)
+	}
+	id := pgx.Identifier{ix.Name}.Sanitize()
+	if !exists {
+		if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE INDEX %s ON ONLY %s (%s)", id, pgx.Identifier{ix.Table}.Sanitize(), ix.Columns)); err != nil {
+			return fmt.Errorf("create %s on only %s: %w", ix.Name, ix.Table, err)
+		}
+	}
+	// Partitions without an index attached to the parent's.
+	rows, err := conn.Query(ctx, `SELECT c.relname, c.relkind::text FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid
+		WHERE h.inhparent = to_regclass($1)
+		  AND NOT EXISTS (SELECT FROM pg_inherits ih JOIN pg_index i ON i.indexrelid = ih.inhrelid
+		                   WHERE ih.inhparent = to_regclass($2) AND i.indrelid = c.oid)
+		ORDER BY c.relname`, ix.Table, ix.Name)
+	if err != nil {
+		return err
+	}
+	type part struct{ name, kind string }
+	parts, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (part, error) {
+		var p part
+		return p, r.Scan(&p.name, &p.kind)
+	})
+	if err != nil {
+		return err
+	}
+	for _, p := range parts {
+		if p.kind != "r" {
+			return fmt.Errorf("partition %s of %s is not a plain table (relkind %s)", p.name, ix.Table, p.kind)
+		}
+		child := partitionIndexName(p.name, ix)
+		if err := buildConcurrently(ctx, conn, p.name, child, ix.Columns); err != nil {
+			return err
+		}
+		if _, err := conn.Exec(ctx, fmt.Sprintf("ALTER INDEX %s ATTACH PARTITION %s", id, pgx.Identifier{child}.Sanitize())); err != nil {
+			return fmt.Errorf("attach %s to %s: %w", child, ix.Name, err)
+		}
+	}
+	valid, _, _, err := indexState(ctx, conn, ix.Name)
+	if err != nil {
+		return err
+	}
+	if !valid {
+		return fmt.Errorf("%s is still invalid after every partition of %s has its index", ix.Name, ix.Table)
+	}
+	return nil
+}
+
+// partitionIndexName names a partition's part of ix: the partition's name and what follows the
+// parent table's name in the index's (idempotency_record_keyspace_idx on
+// idempotency_record_20260101 is idempotency_record_20260101_keyspace_idx), cut to PostgreSQL's
+// 63 bytes with a distinguishing hash when longer.
+func partitionIndexName(partition string, ix OnlineIndex) string {
+	suffix := "_" + ix.Name
+	if len(ix.Name) > len(ix.Table) && ix.Name[:len(ix.Table)+1] == ix.Table+"_" {
+		suffix = ix.Name[len(ix.Table):]
+	}
+	name := partition + suffix
+	if len(name) <= 63 {
+		return name
+	}
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return fmt.Sprintf("%s_%08x", name[:54], h.Sum32())
+}
+
+// indexState reports whether the index name exists, on which table, and whether it is valid.
+func indexState(ctx context.Context, conn *pgx.Conn, name string) (valid bool, table string, exists bool, err error) {
+	err = conn.QueryRow(ctx, `SELECT i.indisvalid, t.relname FROM pg_index i JOIN pg_class t ON t.oid = i.indrelid
+		WHERE i.indexrelid = to_regclass($1)`, name).Scan(&valid, &table)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, "", false, nil
+	}
+	return valid, table, err == nil, err
+}
