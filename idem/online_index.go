@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -115,22 +115,26 @@ func buildPartitioned(ctx context.Context, conn *pgx.Conn, ix OnlineIndex) error
 	return nil
 }
 
-// partitionIndexName names a partition's part of ix: the partition's name and what follows the
-// parent table's name in the index's (idempotency_record_keyspace_idx on
-// idempotency_record_20260101 is idempotency_record_20260101_keyspace_idx), cut to PostgreSQL's
-// 63 bytes with a distinguishing hash when longer.
+// partitionIndexName names a partition's part of ix as PostgreSQL names the index it creates on
+// a partition attached later (partition, columns and "idx" joined by "_", the longer of the first
+// two shortened to fit 63 bytes), so that a shard's partitions are named alike whichever way
+// they got theirs.
 func partitionIndexName(partition string, ix OnlineIndex) string {
-	suffix := "_" + ix.Name
-	if len(ix.Name) > len(ix.Table) && ix.Name[:len(ix.Table)+1] == ix.Table+"_" {
-		suffix = ix.Name[len(ix.Table):]
+	var cols []string
+	for _, c := range strings.Split(ix.Columns, ",") {
+		cols = append(cols, strings.TrimSpace(c))
 	}
-	name := partition + suffix
-	if len(name) <= 63 {
-		return name
+	name1, name2, label := partition, strings.Join(cols, "_"), "idx"
+	avail := 63 - (1 + len(name2) + 1 + len(label)) + len(name2)
+	n1, n2 := len(name1), len(name2)
+	for n1+n2 > avail {
+		if n1 > n2 {
+			n1--
+		} else {
+			n2--
+		}
 	}
-	h := fnv.New32a()
-	h.Write([]byte(name))
-	return fmt.Sprintf("%s_%08x", name[:54], h.Sum32())
+	return name1[:n1] + "_" + name2[:n2] + "_" + label
 }
 
 // indexState reports whether the index name exists, on which table, and whether it is valid.
