@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -248,7 +249,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) ([]string, err
 		return nil, err
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1, $2)", LockClass, LockMigrate); err != nil {
+	if err := waitMigrateLock(ctx, conn.Conn()); err != nil {
 		return nil, fmt.Errorf("take migration lock: %w", err)
 	}
 	// Unlock on a fresh context: the caller's may be what ended us.
@@ -298,6 +299,27 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) ([]string, err
 	}
 	fnApplied, err := applyFunctions(ctx, conn.Conn(), fns)
 	return append(applied, fnApplied...), err
+}
+
+// waitMigrateLock takes the migration lock on conn, trying again until it gets it. It does not
+// wait inside pg_advisory_lock: a statement waiting there holds a snapshot, and the
+// CREATE INDEX CONCURRENTLY of the migrate holding the lock waits for every older snapshot to
+// go, so the two would wait on each other.
+func waitMigrateLock(ctx context.Context, conn *pgx.Conn) error {
+	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		var got bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", LockClass, LockMigrate).Scan(&got); err != nil {
+			return err
+		}
+		if got {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
 }
 
 // applyFunctions applies, in one transaction and in order, the function files whose checksum

@@ -335,3 +335,42 @@ func TestOnlineIndexesOnPartitionsAgree(t *testing.T) {
 		}
 	}
 }
+
+// Two migrates of one shard at once, while its indexes are built: one applies everything, the
+// other waits for it (without holding a snapshot that the builds would wait for in turn) and
+// applies nothing.
+func TestConcurrentMigratesTakeTurnsDuringIndexBuilds(t *testing.T) {
+	ctx := context.Background()
+	pool := releaseShard(t, 7)
+	fillRows(t, pool, 100_000)
+	type result struct {
+		applied []string
+		err     error
+	}
+	results := make(chan result, 2)
+	for range 2 {
+		go func() {
+			applied, err := Migrate(ctx, pool)
+			results <- result{applied, err}
+		}()
+	}
+	var counts []int
+	for range 2 {
+		select {
+		case r := <-results:
+			if r.err != nil {
+				t.Fatalf("a migrate: %v", r.err)
+			}
+			counts = append(counts, len(r.applied))
+		case <-time.After(2 * time.Minute):
+			t.Fatal("two migrates at once did not finish")
+		}
+	}
+	slices.Sort(counts)
+	if counts[0] != 0 || counts[1] == 0 {
+		t.Errorf("two migrates applied %v things, want everything once and nothing", counts)
+	}
+	if got := appliedVersions(t, pool); !slices.Equal(got, []int32{8, 10, 11}) {
+		t.Errorf("applied %v, want [8 10 11]", got)
+	}
+}
