@@ -185,7 +185,11 @@ func TestIndexBuildsDoNotHoldTransfers(t *testing.T) {
 	if during.Load() < 50 {
 		t.Errorf("only %d transfers began during index builds of %v", during.Load(), took)
 	}
-	if worst > took/10 {
+	// A build that held writes would hold a transfer begun during it until the build's end: a
+	// plain CREATE INDEX of the largest table held one for about 0.3 of took here, and builds
+	// in one transaction all of it. A transfer takes milliseconds; a sixth of took leaves a busy
+	// machine a margin of about five and still catches a build that holds writes.
+	if worst > took/6 {
 		t.Errorf("a transfer took %v during index builds of %v: it waited for one", worst, took)
 	}
 	if bad := invalidIndexes(t, pool); len(bad) != 0 {
