@@ -118,8 +118,8 @@ func TestMoveShardKilledDuringCatchUp(t *testing.T) {
 			if kills != 1 || len(during) != 40 {
 				t.Fatalf("the hook killed %d times after seeding %d transfers during the copy; want 1 and 40", kills, len(during))
 			}
-			if err == nil || errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "copy 40-80 from sa to sb: catch up:") {
-				t.Fatalf("apply with %s killed during the catch-up: %v; want an error of the catch-up", killed, err)
+			if want := "copy 40-80 from sa to sb: catch up: shard " + killed + ": "; err == nil || errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), want) {
+				t.Fatalf("apply with %s killed during the catch-up: %v; want an error of the catch-up naming %s (%q)", killed, err, killed, want)
 			}
 			if strings.Contains(err.Error(), password) {
 				t.Fatalf("the error shows the shard's password: %v", err)
