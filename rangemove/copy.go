@@ -123,7 +123,7 @@ func (t *tableCopy) batchQuery(lo int64, hi *int64, c *cursor) (string, []any) {
 func (t *tableCopy) copyBatchOf(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, c *cursor, mv *MoveReport) (n int, last cursor, done bool, err error) {
 	lo, hi := idem.Bounds(r)
 	q, args := t.batchQuery(lo, hi, c)
-	done, err = copyInto(ctx, src, dst, r, t.table, t.cols, q, args, func(v []any) { last = t.place(v); n++ },
+	done, err = copyInto(ctx, src, dst, mv, r, t.table, t.cols, q, args, func(v []any) { last = t.place(v); n++ },
 		func(ctx context.Context, tx pgx.Tx, _ int) error { return t.insert(ctx, tx, mv) })
 	return n, last, done, err
 }
@@ -154,9 +154,12 @@ func (t *tableCopy) copyAll(ctx context.Context, src, dst *pgxpool.Pool, r shard
 // any were staged lists r on dst as copied and calls insert with their number. done is true, and
 // nothing is copied, when dst already serves part of r: an apply run again after its grant,
 // whose copy was made and whose new rows are dst's own.
-func copyInto(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, table, cols, query string, args []any,
+//
+// An error names the shard it came from: mv.From for reading the rows, mv.To for the rest.
+func copyInto(ctx context.Context, src, dst *pgxpool.Pool, mv *MoveReport, r shardmap.KeyRange, table, cols, query string, args []any,
 	onRow func([]any), insert func(ctx context.Context, tx pgx.Tx, rows int) error) (done bool, err error) {
 	lo, hi := idem.Bounds(r)
+	var srcErr error
 	err = pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1, $2)", idem.LockClass, idem.LockOwnership); err != nil {
 			return err
@@ -170,16 +173,19 @@ func copyInto(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, 
 		}
 		rows, err := src.Query(ctx, query, args...)
 		if err != nil {
+			srcErr = err
 			return err
 		}
 		n, err := tx.CopyFrom(ctx, pgx.Identifier{"moving_rows"}, splitCols(cols), pgx.CopyFromFunc(func() ([]any, error) {
 			if !rows.Next() {
-				return nil, rows.Err()
+				srcErr = rows.Err()
+				return nil, srcErr
 			}
 			vals, err := rows.Values()
 			if err == nil && onRow != nil {
 				onRow(vals)
 			}
+			srcErr = err
 			return vals, err
 		}))
 		rows.Close()
@@ -192,6 +198,13 @@ func copyInto(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, 
 		}
 		return insert(ctx, tx, int(n))
 	})
+	if err != nil && ctx.Err() == nil {
+		shard := mv.To
+		if srcErr != nil {
+			shard = mv.From
+		}
+		err = fmt.Errorf("shard %s: %w", shard, err)
+	}
 	return done, err
 }
 

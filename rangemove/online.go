@@ -284,7 +284,7 @@ func catchUpPass(ctx context.Context, src, dst *pgxpool.Pool, mv *MoveReport) (a
 	rows, err := src.Query(ctx, `SELECT id, tbl, ref_a, coalesce(ref_b, '') FROM shardgate_range_change
 		WHERE `+inRange+` AND xid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY id LIMIT $3`, lo, hi, catchUpBatch)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, onSource(ctx, mv, err)
 	}
 	var (
 		ids      []int64
@@ -306,7 +306,7 @@ func catchUpPass(ctx context.Context, src, dst *pgxpool.Pool, mv *MoveReport) (a
 		}
 		return nil
 	}); err != nil {
-		return 0, 0, err
+		return 0, 0, onSource(ctx, mv, err)
 	}
 	for _, t := range tables {
 		named := refs[map[string]string{"records": "record", "ledger": "ledger", "outbox": "outbox"}[t.stage]]
@@ -318,21 +318,30 @@ func catchUpPass(ctx context.Context, src, dst *pgxpool.Pool, mv *MoveReport) (a
 			as[i], bs[i] = r[0], r[1]
 		}
 		q := fmt.Sprintf("SELECT %s FROM %s t JOIN unnest($3::text[], $4::text[]) AS c(a, b) ON %s WHERE %s", prefixed("t.", t.cols), t.table, t.match, "t."+inRange)
-		if _, err := copyInto(ctx, src, dst, mv.Range, t.table, t.cols, q, []any{lo, hi, as, bs}, nil,
+		if _, err := copyInto(ctx, src, dst, mv, mv.Range, t.table, t.cols, q, []any{lo, hi, as, bs}, nil,
 			func(ctx context.Context, tx pgx.Tx, _ int) error { return t.insert(ctx, tx, mv) }); err != nil {
 			return 0, 0, err
 		}
 	}
 	if len(ids) > 0 {
 		if _, err := src.Exec(ctx, "DELETE FROM shardgate_range_change WHERE id = ANY ($1)", ids); err != nil {
-			return 0, 0, err
+			return 0, 0, onSource(ctx, mv, err)
 		}
 		if _, err := src.Exec(ctx, "UPDATE shardgate_range_move SET changes_done = changes_done + $2, updated_at = now() WHERE key_range = $1", mv.Range.String(), len(ids)); err != nil {
-			return 0, 0, err
+			return 0, 0, onSource(ctx, mv, err)
 		}
 	}
 	err = src.QueryRow(ctx, "SELECT count(*) FROM shardgate_range_change WHERE "+inRange, lo, hi).Scan(&left)
-	return len(ids), left, err
+	return len(ids), left, onSource(ctx, mv, err)
+}
+
+// onSource names mv's source shard in err, an error of reading or updating its captured
+// changes; a stopped apply's error stays as it is.
+func onSource(ctx context.Context, mv *MoveReport, err error) error {
+	if err == nil || ctx.Err() != nil {
+		return err
+	}
+	return fmt.Errorf("shard %s: %w", mv.From, err)
 }
 
 // finishMove runs behind the fence, once every shard has revoked what it loses: no transfer
