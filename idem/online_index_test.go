@@ -232,8 +232,11 @@ func TestInterruptedIndexBuildIsCompleted(t *testing.T) {
 	if got := appliedVersions(t, pool); !slices.Equal(got, []int32{8, 10}) {
 		t.Errorf("after the interrupted migrate, applied %v, want [8 10]", got)
 	}
-	if bad := invalidIndexes(t, pool); len(bad) != 2 || !slices.Contains(bad, "idempotency_record_keyspace_idx") {
-		t.Errorf("after the interrupted migrate, invalid indexes %v, want the parent's and one partition's", bad)
+	// The parent's index stays invalid until every partition's is attached. The partition's own
+	// is left invalid only when the cancel came after its build's first transaction committed the
+	// catalog entry; a cancel before that leaves none.
+	if bad := invalidIndexes(t, pool); len(bad) < 1 || len(bad) > 2 || !slices.Contains(bad, "idempotency_record_keyspace_idx") {
+		t.Errorf("after the interrupted migrate, invalid indexes %v, want the parent's and at most one partition's", bad)
 	}
 
 	applied, err := Migrate(ctx, pool)
