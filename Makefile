@@ -9,7 +9,7 @@ FUZZTIME ?= 50000x
 
 # The version that `make build` links into the router (router version, /healthz): the git tag,
 # or what git describes of the checkout. `make release VERSION=vX.Y.Z` sets it.
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+VERSION ?= $(shell git describe --tags --match 'v[0-9]*' --always --dirty 2>/dev/null || echo devel)
 
 .PHONY: test test-local test-quick deps lint cross unit fuzz containers bench bench-smoke bench-compare bench-compare-smoke build run release release-snapshot bench-move
 

@@ -21,7 +21,7 @@ snapshot=false
 case "${1:-}" in
 --snapshot)
 	snapshot=true
-	version="$(git describe --tags --always --dirty 2>/dev/null || echo devel)-snapshot"
+	version="$(git describe --tags --match 'v[0-9]*' --always --dirty 2>/dev/null || echo devel)-snapshot"
 	;;
 v*) version="$1" ;;
 *) usage ;;

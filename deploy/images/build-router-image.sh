@@ -14,7 +14,7 @@ image="${SHARDGATE_ROUTER_IMAGE:-shardgate/router:dev}"
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 # The version the binary, /healthz and the image's labels report: SHARDGATE_VERSION (the release
 # script sets the tag), else what git describes of the checkout.
-version="${SHARDGATE_VERSION:-$(git -C "$repo" describe --tags --always --dirty 2>/dev/null || echo devel)}"
+version="${SHARDGATE_VERSION:-$(git -C "$repo" describe --tags --match 'v[0-9]*' --always --dirty 2>/dev/null || echo devel)}"
 revision="${SHARDGATE_REVISION:-$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
