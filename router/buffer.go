@@ -404,33 +404,9 @@ func (s *Server) holdFenced(ctx, client context.Context, req idem.TransferReques
 					"range", kr, "owner", owner, "router_map_version", version, "refused_by", last.shard, "shard_map_version", last.res.ShardMapVersion)
 			}
 		}
-		probing := false
-		select {
-		case <-f.lifted:
-		case <-f.probe:
-			probing = true
-			pause := time.NewTimer(f.wait)
-			select {
-			case <-pause.C:
-			case <-f.lifted:
-			case <-bound.C:
-				f.probe <- struct{}{}
-				return last
-			case <-ctx.Done():
-				f.probe <- struct{}{}
-				return last
-			case <-client.Done():
-				f.probe <- struct{}{}
-				outcome = bufCanceled
-				return last
-			}
-			pause.Stop()
-		case <-bound.C:
-			return last
-		case <-ctx.Done():
-			return last
-		case <-client.Done():
-			outcome = bufCanceled
+		probing, stop := waitTurn(ctx, client, f, bound.C)
+		if stop != "" {
+			outcome = stop
 			return last
 		}
 		a := s.tryOnce(ctx, req)
@@ -454,6 +430,40 @@ func (s *Server) holdFenced(ctx, client context.Context, req idem.TransferReques
 			f.probe <- struct{}{}
 		}
 	}
+}
+
+// waitTurn waits until f is lifted or it is this request's turn to probe (f.wait after taking
+// the turn), and reports which. stop is the outcome to end the holding with when the bound, ctx
+// (the request's deadline) or the client ended the wait first, "" otherwise; a prober that
+// stops hands its turn on.
+func waitTurn(ctx, client context.Context, f *fence, bound <-chan time.Time) (probing bool, stop string) {
+	select {
+	case <-f.lifted:
+		return false, ""
+	case <-f.probe:
+	case <-bound:
+		return false, bufTimeout
+	case <-ctx.Done():
+		return false, bufTimeout
+	case <-client.Done():
+		return false, bufCanceled
+	}
+	pause := time.NewTimer(f.wait)
+	defer pause.Stop()
+	select {
+	case <-pause.C:
+		return true, ""
+	case <-f.lifted:
+		return true, ""
+	case <-bound:
+		stop = bufTimeout
+	case <-ctx.Done():
+		stop = bufTimeout
+	case <-client.Done():
+		stop = bufCanceled
+	}
+	f.probe <- struct{}{}
+	return true, stop
 }
 
 // isClosed reports whether ch is closed.
