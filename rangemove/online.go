@@ -242,6 +242,13 @@ func copyOnline(ctx context.Context, src, dst *pgxpool.Pool, mv *MoveReport, ver
 		return err
 	}
 	p.Phase, p.ETA = PhaseCatchingUp, 0
+	return catchUp(ctx, src, dst, mv, p, opts)
+}
+
+// catchUp runs catch-up passes over mv's range, reporting each in p, until fewer than
+// opts.CatchUpBelow changes are left, or until catchUpStalls passes in a row leave no fewer than
+// the best so far.
+func catchUp(ctx context.Context, src, dst *pgxpool.Pool, mv *MoveReport, p Progress, opts Options) error {
 	best, stalled := int64(-1), 0
 	for {
 		_, lag, err := catchUpPass(ctx, src, dst, mv)

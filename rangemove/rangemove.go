@@ -137,29 +137,9 @@ func Apply(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpoo
 			return moves, fmt.Errorf("copy %s from %s to %s: %w", mv.Range, mv.From, mv.To, err)
 		}
 	}
-	// The fence: from the revoke to the grant, the moving ranges are owned by no shard. Each
-	// move says so first, so that an apply stopped inside the fence is seen as fenced.
-	for _, mv := range moves {
-		if _, err := pool(mv.From).Exec(ctx, "UPDATE shardgate_range_move SET phase = $2, updated_at = now() WHERE key_range = $1",
-			mv.Range.String(), PhaseFenced); err != nil {
-			return moves, fmt.Errorf("shard %s: %w", mv.From, err)
-		}
-	}
-	if err := apply(idem.Revoke); err != nil {
+	fenced, err := fence(ctx, moves, pool, opts, func() error { return apply(idem.Revoke) })
+	if err != nil {
 		return moves, err
-	}
-	fenced := time.Now()
-	hook("fenced")
-	if opts.OnFenced != nil {
-		if err := opts.OnFenced(); err != nil {
-			return moves, err
-		}
-	}
-	for i := range moves {
-		mv := &moves[i]
-		if err := finishMove(ctx, pool(mv.From), pool(mv.To), mv, opts, fenced); err != nil {
-			return moves, fmt.Errorf("copy %s from %s to %s: %w", mv.Range, mv.From, mv.To, err)
-		}
 	}
 	if err := apply(idem.Grant); err != nil {
 		return moves, err
@@ -171,6 +151,35 @@ func Apply(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpoo
 		return moves, err
 	}
 	return moves, purge(ctx, m, pool, opts, moves)
+}
+
+// fence revokes the moving ranges on every shard (revoke) and brings each new owner up to every
+// change behind that fence, returning when the fence began. Each move says it is fenced first,
+// so that an apply stopped inside the fence is seen as fenced.
+func fence(ctx context.Context, moves []MoveReport, pool func(shard string) *pgxpool.Pool, opts Options, revoke func() error) (time.Time, error) {
+	for _, mv := range moves {
+		if _, err := pool(mv.From).Exec(ctx, "UPDATE shardgate_range_move SET phase = $2, updated_at = now() WHERE key_range = $1",
+			mv.Range.String(), PhaseFenced); err != nil {
+			return time.Time{}, fmt.Errorf("shard %s: %w", mv.From, err)
+		}
+	}
+	if err := revoke(); err != nil {
+		return time.Time{}, err
+	}
+	fenced := time.Now()
+	hook("fenced")
+	if opts.OnFenced != nil {
+		if err := opts.OnFenced(); err != nil {
+			return fenced, err
+		}
+	}
+	for i := range moves {
+		mv := &moves[i]
+		if err := finishMove(ctx, pool(mv.From), pool(mv.To), mv, opts, fenced); err != nil {
+			return fenced, fmt.Errorf("copy %s from %s to %s: %w", mv.Range, mv.From, mv.To, err)
+		}
+	}
+	return fenced, nil
 }
 
 // PurgeBatch is how many rows of a moved range one purge transaction deletes on its old owner:
