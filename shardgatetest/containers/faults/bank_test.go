@@ -146,12 +146,7 @@ func TestBankUnderFaults(t *testing.T) {
 	t.Logf("ledger sum %d = acknowledged %d + unknown that landed %d", counts.ledgerSum, counts.ackedSum, counts.unknownSum)
 
 	px.setDropRate(0)
-	resolved, refused := resolveUnknown(ctx, t, httpc, px.URL(), ops)
-	final := check(ctx, t, ops, pools)
-	if final.unknown != 0 || final.acked != counts.acked+resolved || final.failed != counts.failed+refused {
-		t.Errorf("after healing: %d acknowledged, %d failed, %d unknown; want %d, %d and 0",
-			final.acked, final.failed, final.unknown, counts.acked+resolved, counts.failed+refused)
-	}
+	final, resolved, refused := resolveAndCheck(ctx, t, httpc, px.URL(), ops, pools, counts, "after healing")
 	t.Logf("after healing: %d unknown keys retried: %d applied or replayed once, %d refused; ledger sum %d", resolved+refused, resolved, refused, final.ledgerSum)
 
 	drained := drainCredits(ctx, t, pools)
@@ -227,6 +222,35 @@ func injectFaults(ctx context.Context, t *testing.T, env *shardgatetest.Env) {
 		}
 		time.Sleep(settle)
 	}
+}
+
+// resolveAndCheck retries every key of ops whose outcome is unknown (resolveUnknown) and checks
+// that each key then ended acknowledged or failed, with the rows to match: before is check's
+// counts from before the retries, when names the moment in errors.
+func resolveAndCheck(ctx context.Context, t *testing.T, httpc *http.Client, url string, ops []*op, pools map[string]*pgxpool.Pool, before counts, when string) (final counts, resolved, refused int) {
+	t.Helper()
+	resolved, refused = resolveUnknown(ctx, t, httpc, url, ops)
+	final = check(ctx, t, ops, pools)
+	if final.unknown != 0 || final.acked != before.acked+resolved || final.failed != before.failed+refused {
+		t.Errorf("%s: %d acknowledged, %d failed, %d unknown; want %d, %d and 0",
+			when, final.acked, final.failed, final.unknown, before.acked+resolved, before.failed+refused)
+	}
+	return final, resolved, refused
+}
+
+// poolsOf opens a pool to each of dsns, named shard-0, shard-1, … as the bank's maps name them.
+func poolsOf(ctx context.Context, t *testing.T, dsns []string) map[string]*pgxpool.Pool {
+	t.Helper()
+	pools := map[string]*pgxpool.Pool{}
+	for i, dsn := range dsns {
+		p, err := pgxpool.New(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		pools[fmt.Sprintf("shard-%d", i)] = p
+	}
+	return pools
 }
 
 // resolveUnknown retries, once everything is healed, every key whose outcome is unknown: each

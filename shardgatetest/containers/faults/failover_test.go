@@ -16,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/shardgate/shardgate/internal/localpg"
 	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/internal/testkit"
@@ -127,24 +125,11 @@ func TestBankFailoverToSyncStandby(t *testing.T) {
 		time.Sleep(settle)
 	})
 
-	pools := map[string]*pgxpool.Pool{}
-	for i, dsn := range dsns {
-		p, err := pgxpool.New(ctx, dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Close)
-		pools[fmt.Sprintf("shard-%d", i)] = p
-	}
+	pools := poolsOf(ctx, t, dsns)
 	counts := check(ctx, t, ops, pools)
 	t.Logf("acknowledged %d (1 row each on the shards after the failover), surely failed %d, unknown %d (%d landed)",
 		counts.acked, counts.failed, counts.unknown, counts.unknownLanded)
-	resolved, refused := resolveUnknown(ctx, t, httpc, hs.URL, ops)
-	final := check(ctx, t, ops, pools)
-	if final.unknown != 0 || final.acked != counts.acked+resolved || final.failed != counts.failed+refused {
-		t.Errorf("after the failover: %d acknowledged, %d failed, %d unknown; want %d, %d and 0",
-			final.acked, final.failed, final.unknown, counts.acked+resolved, counts.failed+refused)
-	}
+	resolveAndCheck(ctx, t, httpc, hs.URL, ops, pools, counts, "after the failover")
 	drainCredits(ctx, t, pools)
 	debits := debitRows(ctx, t, pools)
 	legs := checkCredits(ctx, t, ops, debits, pools, m)

@@ -20,8 +20,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/shardgate/shardgate/internal/localpg"
 	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/internal/testkit"
@@ -210,24 +208,11 @@ func TestBankRangeMove(t *testing.T) {
 		t.Errorf("the moving range's transfers were answered 503 %d times; buffering should have held them through the fence", moving503)
 	}
 
-	pools := map[string]*pgxpool.Pool{}
-	for i, dsn := range dsns {
-		p, err := pgxpool.New(ctx, dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Close)
-		pools[fmt.Sprintf("shard-%d", i)] = p
-	}
+	pools := poolsOf(ctx, t, dsns)
 	counts := check(ctx, t, ops, pools)
 	t.Logf("acknowledged %d (1 row each on the shards after the move), surely failed %d, unknown %d (%d landed)",
 		counts.acked, counts.failed, counts.unknown, counts.unknownLanded)
-	resolved, refused := resolveUnknown(ctx, t, httpc, front.URL, ops)
-	final := check(ctx, t, ops, pools)
-	if final.unknown != 0 || final.acked != counts.acked+resolved || final.failed != counts.failed+refused {
-		t.Errorf("after the move: %d acknowledged, %d failed, %d unknown; want %d, %d and 0",
-			final.acked, final.failed, final.unknown, counts.acked+resolved, counts.failed+refused)
-	}
+	resolveAndCheck(ctx, t, httpc, front.URL, ops, pools, counts, "after the move")
 	drainCredits(ctx, t, pools)
 	debits := debitRows(ctx, t, pools)
 	for _, o := range ops {
