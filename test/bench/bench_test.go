@@ -59,6 +59,8 @@ var (
 		"concurrencies to measure: pgbench clients, load generator workers")
 	paramLatency = newParam("bench.latency", "SHARDGATE_BENCH_LATENCY", "1,8",
 		"concurrencies, among -bench.concurrency, at which the router's latency is measured with group commit on and off; empty for none")
+	paramRows = newParam("bench.rows", "SHARDGATE_BENCH_ROWS", "all",
+		"the rows to measure: all, or a list of "+strings.Join(rowNames[:], ",")+" (off: group commit off, at the -bench.latency concurrencies)")
 )
 
 const (
@@ -77,6 +79,7 @@ type settings struct {
 	rounds      int
 	concurrency []int // ascending
 	latency     []int // ascending, a subset of concurrency
+	rows        []row // measured, in table order
 }
 
 // param is a benchmark parameter: a flag, else an environment variable, else the default.
@@ -130,7 +133,34 @@ func loadSettings() (settings, error) {
 			return s, fmt.Errorf("%s: concurrency %d is not among -bench.concurrency %v: add it there or drop it here", src, c, s.concurrency)
 		}
 	}
+	v, src = paramRows.get(given)
+	if s.rows, err = parseRows(v); err != nil {
+		return s, fmt.Errorf("%s %q: %w", src, v, err)
+	}
 	return s, nil
+}
+
+// parseRows reads a list of row names, or all.
+func parseRows(list string) ([]row, error) {
+	if list == "all" {
+		rows := make([]row, numRows)
+		for r := range numRows {
+			rows[r] = r
+		}
+		return rows, nil
+	}
+	var rows []row
+	for name := range strings.SplitSeq(list, ",") {
+		i := slices.Index(rowNames[:], strings.TrimSpace(name))
+		if i < 0 {
+			return nil, fmt.Errorf("no row %q: name all, or some of %s", name, strings.Join(rowNames[:], ","))
+		}
+		if !slices.Contains(rows, row(i)) {
+			rows = append(rows, row(i))
+		}
+	}
+	slices.Sort(rows)
+	return rows, nil
 }
 
 // parseLevels parses a comma-separated list of distinct concurrencies and sorts it.
@@ -214,13 +244,16 @@ func (r row) String() string {
 	return [...]string{"anchor CTE", "function", "router new", "router cross new", "router replay", "floor", "peer new", "router new, group commit off"}[r]
 }
 
+// rowNames name the rows in -bench.rows.
+var rowNames = [numRows]string{"anchor", "function", "same", "cross", "replay", "floor", "peer", "off"}
+
 // phasesAt lists the rows measured at concurrency c, in the order a round measures them.
 func phasesAt(c int, s settings) []row {
 	rows := []row{anchorRow, functionRow, routerNewRow, crossNewRow, routerReplayRow, floorRow, peerRow}
 	if slices.Contains(s.latency, c) {
 		rows = slices.Insert(rows, 3, routerOffRow)
 	}
-	return rows
+	return slices.DeleteFunc(rows, func(r row) bool { return !slices.Contains(s.rows, r) })
 }
 
 // results holds, per concurrency, what each row measured over all rounds.
@@ -488,16 +521,18 @@ func TestLoadSettingsFromEnvironment(t *testing.T) {
 		want    settings
 		wantErr string
 	}{
-		{nil, settings{3 * time.Second, 1, []int{1, 8, 64, 256}, []int{1, 8}}, ""},
+		{nil, settings{3 * time.Second, 1, []int{1, 8, 64, 256}, []int{1, 8}, nil}, ""},
 		{map[string]string{"SHARDGATE_BENCH_DURATION": "2s", "SHARDGATE_BENCH_CONCURRENCY": "16,4"},
 			settings{}, "-bench.latency: concurrency 1 is not among"},
 		{map[string]string{"SHARDGATE_BENCH_DURATION": "2s", "SHARDGATE_BENCH_CONCURRENCY": "16,4", "SHARDGATE_BENCH_LATENCY": ","},
-			settings{2 * time.Second, 1, []int{4, 16}, nil}, ""},
+			settings{2 * time.Second, 1, []int{4, 16}, nil, nil}, ""},
 		{map[string]string{"SHARDGATE_BENCH_DURATION": "1500ms"}, settings{}, "whole number of seconds"},
 		{map[string]string{"SHARDGATE_BENCH_ROUNDS": "0"}, settings{}, "from 1 to 100"},
 		{map[string]string{"SHARDGATE_BENCH_LATENCY": "1,16"}, settings{}, "16 is not among"},
 		{map[string]string{"SHARDGATE_BENCH_CONCURRENCY": "8", "SHARDGATE_BENCH_LATENCY": "8"},
-			settings{3 * time.Second, 1, []int{8}, []int{8}}, ""},
+			settings{3 * time.Second, 1, []int{8}, []int{8}, nil}, ""},
+		{map[string]string{"SHARDGATE_BENCH_ROWS": "cross,same,peer"}, settings{3 * time.Second, 1, []int{1, 8, 64, 256}, []int{1, 8}, []row{routerNewRow, crossNewRow, peerRow}}, ""},
+		{map[string]string{"SHARDGATE_BENCH_ROWS": "same,crosss"}, settings{}, `no row "crosss"`},
 	}
 	for _, tt := range tests {
 		for k, v := range tt.env {
@@ -516,7 +551,8 @@ func TestLoadSettingsFromEnvironment(t *testing.T) {
 			continue
 		}
 		if err == nil && (got.duration != tt.want.duration || got.rounds != tt.want.rounds ||
-			!slices.Equal(got.concurrency, tt.want.concurrency) || !slices.Equal(got.latency, tt.want.latency)) {
+			!slices.Equal(got.concurrency, tt.want.concurrency) || !slices.Equal(got.latency, tt.want.latency) ||
+			tt.want.rows != nil && !slices.Equal(got.rows, tt.want.rows)) {
 			t.Errorf("%v: settings %+v, want %+v", tt.env, got, tt.want)
 		}
 	}
