@@ -91,6 +91,9 @@ type ShardPool struct {
 	ConnectTimeout time.Duration
 	RequestTimeout time.Duration // deadline for one transfer's round trip on its shard
 	RetryAfter     time.Duration // Retry-After on 503
+	// Session holds settings every connection of serve's pools opens with (not read from
+	// router.yaml): the relay's credit lease, when it delivers its router's credits itself.
+	Session map[string]string
 }
 
 // GroupCommit sends concurrent new-key transfers bound for one shard to it together: one

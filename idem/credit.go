@@ -103,6 +103,31 @@ func SettleCredits(ctx context.Context, pool *pgxpool.Pool, settledAt map[string
 	return err
 }
 
+// SettleDelivered marks owed credits settled at the time of this statement on their debit's
+// shard, which runs after their credits committed on dst's shard: the handoff's settle, which
+// knows each credit landed from its own delivery and does not read dst's ledger back. A row
+// settled already stays as it is.
+func SettleDelivered(ctx context.Context, pool *pgxpool.Pool, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	_, err := pool.Exec(ctx, `UPDATE shardgate_credit_outbox
+		   SET settled_at = now(), lease_owner = NULL, lease_until = NULL, last_error = NULL
+		 WHERE transfer_id = ANY($1) AND settled_at IS NULL`, ids)
+	return err
+}
+
+// CreditLeaseSettings are the session settings with which a router's connections write the
+// owed credits of its debits leased to owner for lease (shardgate_credit_lease), for a relay
+// that delivers them itself at once. A connection opened with them must belong to a router
+// whose relay does so: until the lease runs out, no other relay claims those credits.
+func CreditLeaseSettings(owner string, lease time.Duration) map[string]string {
+	return map[string]string{
+		"shardgate.credit_lease_owner": owner,
+		"shardgate.credit_lease":       strconv.FormatInt(lease.Microseconds(), 10) + " microseconds",
+	}
+}
+
 // Backoff is how long a failed delivery waits: Base doubled per attempt, at most Max, scaled by
 // a random factor in [0.5, 1.5) so that relays do not retry in step.
 type Backoff struct{ Base, Max time.Duration }

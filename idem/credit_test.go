@@ -3,9 +3,11 @@ package idem
 import (
 	"context"
 	"errors"
+	"maps"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -287,5 +289,78 @@ func TestSweepUpgradeWindowOwesInFlightDebits(t *testing.T) {
 	mustExec(t, pool, "DELETE FROM shardgate_credit_outbox")
 	if n, ran, err := SweepUpgradeWindow(ctx, pool, 0); err != nil || ran || n != 0 {
 		t.Errorf("a second sweep: %d, ran %v, %v; want none: it runs once", n, ran, err)
+	}
+}
+
+// A debit written through a connection with CreditLeaseSettings owes its credit leased to that
+// router's relay from the start, through both group functions: no other relay claims it until
+// the lease runs out, and then one takes it over. Without the settings the owed credit is due
+// at once, unleased.
+func TestDebitLeasesItsOwedCreditToItsRouter(t *testing.T) {
+	for name, q := range map[string]string{applyRows: rowsSQL, applyBatch: batchSQL} {
+		t.Run(name, func(t *testing.T) { debitLeasesItsOwedCredit(t, q) })
+	}
+}
+
+func debitLeasesItsOwedCredit(t *testing.T, q string) {
+	ctx := context.Background()
+	pool := halfShard(t)
+	cfg := pool.Config()
+	for k, v := range CreditLeaseSettings("router-1", 90*time.Second) {
+		cfg.ConnConfig.RuntimeParams[k] = v
+	}
+	leasing, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leasing.Close()
+
+	if _, err := transferGroup(ctx, leasing, []TransferRequest{debitTo("a", 10, there), debitTo("b", 11, there), debitTo("local", 12, here)}, q); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := transferGroup(ctx, pool, []TransferRequest{debitTo("c", 13, there)}, q); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, `SELECT transfer_id, coalesce(lease_owner, ''), coalesce(extract(epoch FROM lease_until - debited_at), 0), attempts
+		FROM shardgate_credit_outbox ORDER BY transfer_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type lease struct {
+		owner    string
+		seconds  float64
+		attempts int
+	}
+	got := map[string]lease{}
+	var (
+		id string
+		l  lease
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &l.owner, &l.seconds, &l.attempts}, func() error { got[id] = l; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]lease{"t-a": {"router-1", 90, 1}, "t-b": {"router-1", 90, 1}, "t-c": {"", 0, 0}}
+	if !maps.Equal(got, want) {
+		t.Fatalf("owed credits (owner, lease seconds, attempts): %v, want %v (the same-shard debit owes nothing)", got, want)
+	}
+
+	if c := claim(t, pool, "relay-2", time.Hour); len(c) != 1 || c[0].TransferID != "t-c" || c[0].TakenOver {
+		t.Fatalf("another relay claimed %+v, want t-c alone: t-a and t-b are leased to router-1", c)
+	}
+	mustExec(t, pool, "UPDATE shardgate_credit_outbox SET lease_until = now() - interval '1 second' WHERE transfer_id = 't-a'")
+	if c := claim(t, pool, "relay-2", time.Hour); len(c) != 1 || c[0].TransferID != "t-a" || !c[0].TakenOver || c[0].Attempts != 2 {
+		t.Fatalf("after t-a's lease ran out: %+v, want t-a taken over at attempt 2", c)
+	}
+
+	if err := SettleDelivered(ctx, pool, []string{"t-b"}); err != nil {
+		t.Fatal(err)
+	}
+	var settled bool
+	var owner *string
+	if err := pool.QueryRow(ctx, `SELECT settled_at >= debited_at, lease_owner FROM shardgate_credit_outbox WHERE transfer_id = 't-b'`).Scan(&settled, &owner); err != nil {
+		t.Fatal(err)
+	}
+	if !settled || owner != nil {
+		t.Errorf("t-b after SettleDelivered: settled after its debit %v, lease owner %v; want settled, no lease", settled, owner)
 	}
 }

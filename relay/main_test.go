@@ -150,6 +150,9 @@ type transfer struct {
 	src, dst int64
 	amount   int64
 	owed     bool
+	// handedOff: its router delivered its credit at once and settled it at its source's time of
+	// settling, not at the credit's own time, as a pass does.
+	handedOff bool
 }
 
 // debitRequest is the debit leg of tr, as the router sends it to src's shard.
@@ -173,6 +176,12 @@ func owedCredit(tr transfer) idem.OwedCredit {
 // destination is on its own shard must have written the credit at once, any other owes it.
 func (c *cluster) debit(m *shardmap.Map, trs []transfer) {
 	c.t.Helper()
+	c.debitOn(c.pool, m, trs)
+}
+
+// debitOn is debit through the pools of pool, a router's connections.
+func (c *cluster) debitOn(pool func(string) *pgxpool.Pool, m *shardmap.Map, trs []transfer) {
+	c.t.Helper()
 	bySrc := map[string][]int{}
 	for i, tr := range trs {
 		bySrc[owner(m, tr.src)] = append(bySrc[owner(m, tr.src)], i)
@@ -185,7 +194,7 @@ func (c *cluster) debit(m *shardmap.Map, trs []transfer) {
 			for j, i := range group {
 				reqs[j] = debitRequest(trs[i])
 			}
-			res, err := idem.TransferBatch(context.Background(), c.pool(shard), reqs)
+			res, err := idem.TransferBatch(context.Background(), pool(shard), reqs)
 			if err != nil {
 				c.t.Fatalf("debits on %s: %v", shard, err)
 			}
@@ -281,8 +290,8 @@ func (c *cluster) pending() map[string]outboxRow {
 
 // checkDelivered checks that every transfer of trs is complete under m: its debit once, on the
 // shard owning src; its credit once, on the shard owning dst; an owed credit's row once, on the
-// shard owning src, settled at its credit's time, and no row for a credit written with its
-// debit; and every account's balance what the transfers imply, nothing pending.
+// shard owning src, settled at its credit's time (or after it, when handed off), and no row
+// for a credit written with its debit; and every account's balance what the transfers imply, nothing pending.
 func (c *cluster) checkDelivered(m *shardmap.Map, trs []transfer) {
 	c.t.Helper()
 	s := c.census()
@@ -305,8 +314,9 @@ func (c *cluster) checkDelivered(m *shardmap.Map, trs []transfer) {
 			fail("%s: credit written with its debit, yet owed on %s", tr.id, rows[0].shard)
 		case tr.owed && (len(rows) != 1 || rows[0].shard != owner(m, tr.src)):
 			fail("%s: %d owed-credit rows (%+v), want one on %s", tr.id, len(rows), rows, owner(m, tr.src))
-		case tr.owed && (rows[0].settledAt == nil || !rows[0].settledAt.Equal(s.creditAt[tr.id])):
-			fail("%s: owed credit settled at %v, want the credit's time %v", tr.id, rows[0].settledAt, s.creditAt[tr.id])
+		case tr.owed && (rows[0].settledAt == nil || rows[0].settledAt.Before(s.creditAt[tr.id]) ||
+			!tr.handedOff && !rows[0].settledAt.Equal(s.creditAt[tr.id])):
+			fail("%s: owed credit settled at %v, want the credit's time %v (or later, when handed off)", tr.id, rows[0].settledAt, s.creditAt[tr.id])
 		}
 	}
 	if len(s.debits) != len(trs) || len(s.credits) != len(trs) || len(s.owed) > len(trs) {
@@ -420,6 +430,13 @@ func (tp *topos) ReloadAtLeast(version int64) bool {
 	return tp.cur.Map.Version >= version
 }
 
+// pool is the named shard's pool in the current topology: the router's connections.
+func (tp *topos) pool(shard string) *pgxpool.Pool {
+	topo := tp.HoldTopology()
+	defer topo.Release()
+	return topo.Pool(shard)
+}
+
 // publish makes m the shard map file, which the next reload reads.
 func (tp *topos) publish(m *shardmap.Map) {
 	tp.mu.Lock()
@@ -463,8 +480,13 @@ type testRelay struct {
 }
 
 func newRelay(cfg *config.Config, tp relay.Topologies) testRelay {
+	return newRelayAs(cfg, relay.NewOwner(), tp)
+}
+
+// newRelayAs is newRelay with owner as its name in leases.
+func newRelayAs(cfg *config.Config, owner string, tp relay.Topologies) testRelay {
 	r := testRelay{reg: prometheus.NewPedanticRegistry(), logs: &testkit.SyncBuffer{}}
-	r.Relay = relay.New(cfg, tp, slog.New(slog.NewTextHandler(r.logs, nil)), r.reg)
+	r.Relay = relay.New(cfg, owner, tp, slog.New(slog.NewTextHandler(r.logs, nil)), r.reg)
 	return r
 }
 

@@ -54,6 +54,8 @@ type Relay struct {
 	down     map[string]shardBackoff // source shards whose claims fail, by name
 	observed map[string]bool         // shards with owed-credit gauges
 	reowe    map[string]bool         // destination shards whose recent credits are to be owed again
+
+	handoffs handoffs // the fast path (handoff.go)
 }
 
 type shardBackoff struct {
@@ -61,13 +63,15 @@ type shardBackoff struct {
 	failures int
 }
 
-// New makes a relay for the router whose configuration is cfg; its metrics go to reg.
-func New(cfg *config.Config, topos Topologies, log *slog.Logger, reg prometheus.Registerer) *Relay {
+// New makes a relay for the router whose configuration is cfg; owner is its name in leases
+// (NewOwner), and its metrics go to reg.
+func New(cfg *config.Config, owner string, topos Topologies, log *slog.Logger, reg prometheus.Registerer) *Relay {
 	r := &Relay{
 		cfg: cfg.Relay, retention: cfg.Idempotency.Retention, timeout: cfg.ShardPool.RequestTimeout,
-		topos: topos, log: log, owner: ownerID(), wake: make(chan struct{}, 1),
+		topos: topos, log: log, owner: owner, wake: make(chan struct{}, 1),
 		metrics: newMetrics(reg), down: map[string]shardBackoff{}, observed: map[string]bool{},
-		reowe: map[string]bool{},
+		reowe:    map[string]bool{},
+		handoffs: handoffs{slots: make(chan struct{}, maxHandoffsPerBatch*max(cfg.Relay.Batch, 1))},
 	}
 	topo := topos.HoldTopology()
 	topo.OnIdentityChange(r.identityChanged)
@@ -75,9 +79,9 @@ func New(cfg *config.Config, topos Topologies, log *slog.Logger, reg prometheus.
 	return r
 }
 
-// ownerID names this relay in the leases it takes: host, process and a random part, so that two
+// NewOwner names a relay in the leases it takes: host, process and a random part, so that two
 // relays never share a name.
-func ownerID() string {
+func NewOwner() string {
 	host, _ := os.Hostname()
 	b := make([]byte, 4)
 	crand.Read(b) //nolint:errcheck // crypto/rand.Read never fails
@@ -212,34 +216,13 @@ func (r *Relay) deliverTo(ctx context.Context, topo *topology.Topology, source, 
 	retry := map[string][]string{} // reason → transfer ids
 	newer := int64(0)
 	for i, res := range results {
-		c := group[i]
-		label := string(res.Outcome)
-		later := func(reason string) { retry[reason] = append(retry[reason], c.TransferID) }
-		switch {
-		case failed[i] != nil:
-			label = "error"
-			r.log.Warn("dst's shard refused a credit; it stays owed and is retried with backoff",
-				"from", source, "to", dest, "transfer_id", c.TransferID, "err", scrub(topo, failed[i]))
-			later("deliver to " + dest + ": " + scrub(topo, failed[i]))
-		case res.Outcome == idem.Applied:
-			label = "settled"
-			landed = append(landed, c.TransferID)
-		case res.Outcome == idem.Replayed, res.Outcome == idem.Expired, res.Outcome == idem.RecordMissing:
-			// The credit is in dst's ledger already: an earlier delivery committed.
-			label = "replayed"
-			landed = append(landed, c.TransferID)
-		case res.Outcome == idem.InProgress:
-			later("another delivery of this credit is in flight")
-		case res.Outcome == idem.NotOwner:
-			newer = max(newer, res.ShardMapVersion)
-			later(fmt.Sprintf("shard %s does not own dst (its map version %d, the relay's %d)", dest, res.ShardMapVersion, topo.Map.Version))
-		case res.Outcome == idem.KeyReused:
-			label = "conflict"
-			r.log.Error("CREDIT CONFLICT: dst's shard holds a different credit under this transfer id; the credit stays owed, run `router reconcile`",
-				"from", source, "to", dest, "transfer_id", c.TransferID)
-			later("a different credit holds this transfer id")
+		v := r.judge(topo, source, dest, group[i].TransferID, res, failed[i])
+		if v.landed {
+			landed = append(landed, group[i].TransferID)
+		} else {
+			retry[v.retry] = append(retry[v.retry], group[i].TransferID)
 		}
-		r.metrics.deliveries.WithLabelValues(dest, label).Inc()
+		newer = max(newer, v.newer)
 	}
 	if newer > topo.Map.Version {
 		r.topos.ReloadAtLeast(newer)
@@ -250,6 +233,45 @@ func (r *Relay) deliverTo(ctx context.Context, topo *topology.Topology, source, 
 	settled := r.settle(ctx, topo, source, dest, landed)
 	r.observeDelays(dest, group, settled)
 	return len(settled)
+}
+
+// verdict is what one delivery's answer means for its owed credit.
+type verdict struct {
+	landed bool   // the credit is in dst's ledger: settle it
+	retry  string // otherwise why it stays owed, for last_error
+	newer  int64  // the map version dest follows, when it does not own dst
+}
+
+// judge reads the answer dest gave to the delivery of credit id, owed by source (failed: the
+// error of a credit dest refused alone), counts it in shardgate_credit_deliveries_total and
+// logs what an operator must see.
+func (r *Relay) judge(topo *topology.Topology, source, dest, id string, res idem.TransferResult, failed error) verdict {
+	var v verdict
+	label := string(res.Outcome)
+	switch {
+	case failed != nil:
+		label = "error"
+		r.log.Warn("dst's shard refused a credit; it stays owed and is retried with backoff",
+			"from", source, "to", dest, "transfer_id", id, "err", scrub(topo, failed))
+		v.retry = "deliver to " + dest + ": " + scrub(topo, failed)
+	case res.Outcome == idem.Applied:
+		label, v.landed = "settled", true
+	case res.Outcome == idem.Replayed, res.Outcome == idem.Expired, res.Outcome == idem.RecordMissing:
+		// The credit is in dst's ledger already: an earlier delivery committed.
+		label, v.landed = "replayed", true
+	case res.Outcome == idem.InProgress:
+		v.retry = "another delivery of this credit is in flight"
+	case res.Outcome == idem.NotOwner:
+		v.newer = res.ShardMapVersion
+		v.retry = fmt.Sprintf("shard %s does not own dst (its map version %d, the relay's %d)", dest, res.ShardMapVersion, topo.Map.Version)
+	case res.Outcome == idem.KeyReused:
+		label = "conflict"
+		r.log.Error("CREDIT CONFLICT: dst's shard holds a different credit under this transfer id; the credit stays owed, run `router reconcile`",
+			"from", source, "to", dest, "transfer_id", id)
+		v.retry = "a different credit holds this transfer id"
+	}
+	r.metrics.deliveries.WithLabelValues(dest, label).Inc()
+	return v
 }
 
 // observeDelays records, for each credit of group now settled, the time from its debit to its

@@ -43,7 +43,7 @@ type Server struct {
 	mux      *http.ServeMux // the API, and the admin endpoints unless they have their own listener
 	admin    http.Handler
 	reloadMu sync.Mutex
-	owed     func() // called when a debit leaves its credit owed; set by OnCreditOwed
+	owed     func(shard string, debit idem.TransferRequest) // called when a debit leaves its credit owed; set by OnCreditOwed
 
 	// For requests whose key range is moving (buffer.go).
 	buffer    *rangeBuffer                 // nil when buffering is off
@@ -51,9 +51,17 @@ type Server struct {
 	prevFirst rangeHints                   // ranges whose previous owner is asked first
 }
 
-// OnCreditOwed makes the server call f each time a debit applies and leaves its credit owed
-// (its destination lives on another shard): the relay's cue to deliver. Call it before serving.
-func (s *Server) OnCreditOwed(f func()) { s.owed = f }
+// OnCreditOwed makes the server call f, with the debit's shard and request, each time a debit
+// applies and leaves its credit owed (its destination lives on another shard): the relay's cue
+// to deliver it (relay.Handoff). Call it before serving.
+func (s *Server) OnCreditOwed(f func(shard string, debit idem.TransferRequest)) { s.owed = f }
+
+// Commit runs req on shard, whose connections are conn, through that shard's group commit, in
+// one statement with the shard's other new transfers: how the relay delivers the credits of
+// this router's debits (relay.DeliverThrough).
+func (s *Server) Commit(ctx context.Context, shard string, conn *topology.Shard, req idem.TransferRequest) (idem.TransferResult, error) {
+	return s.groups.transfer(ctx, shard, conn, req)
+}
 
 // New builds a Server serving topo. Metrics are registered on reg and served from it.
 func New(cfg *config.Config, topo *topology.Topology, log *slog.Logger, reg *prometheus.Registry) *Server {

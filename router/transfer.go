@@ -233,7 +233,7 @@ func (s *Server) transferAt(ctx context.Context, topo *topology.Topology, shard 
 	if err == nil {
 		s.replays.remember(shard.Name, req, res)
 		if res.Outcome == idem.Applied && !res.CreditSettled && s.owed != nil {
-			s.owed()
+			s.owed(shard.Name, req)
 		}
 	}
 	outcome := string(res.Outcome)

@@ -146,9 +146,9 @@ func OpenForCommand(m *shardmap.Map, sp config.ShardPool) (*Topology, error) {
 
 // OpenPool opens the pool of one shard. It is the only place pool defaults live: max_conns and
 // connect_timeout from router.yaml unless the DSN sets pool_max_conns or connect_timeout itself,
-// an application_name unless the DSN names one, and READ COMMITTED pinned for every session,
+// an application_name unless the DSN names one, READ COMMITTED pinned for every session,
 // which the transfer functions rely on (a fresh snapshot after its key lock) whatever the
-// database's default is.
+// database's default is, and the settings of sp.Session.
 //
 // A query whose context ends closes its connection and no cancel request is ever sent (see
 // closeOnCancel and noCancelRequests), and the server ends a statement whose client went away within a second
@@ -176,6 +176,9 @@ func openPool(s shardmap.Shard, sp config.ShardPool, state *shardState) (*pgxpoo
 		cfg.ConnConfig.RuntimeParams["application_name"] = "shardgate"
 	}
 	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed"
+	for k, v := range sp.Session {
+		cfg.ConnConfig.RuntimeParams[k] = v
+	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["client_connection_check_interval"]; !ok {
 		cfg.ConnConfig.RuntimeParams["client_connection_check_interval"] = "1000"
 	}

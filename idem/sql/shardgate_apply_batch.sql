@@ -1,4 +1,4 @@
--- requires: shardgate_group_args_invalid shardgate_key_floor
+-- requires: shardgate_group_args_invalid shardgate_key_floor shardgate_credit_lease
 --
 -- shardgate_apply_batch runs a group of transfer attempts, each one leg (p_kinds: transfer_out
 -- or transfer_in) of one transfer, in one statement and one transaction. Per item, with
@@ -13,7 +13,8 @@
 --   applied      the leg, its completed record, and for a debit its credit or owed credit
 --                were written. credit_settled says which: true when this shard owns
 --                p_counter_keyspaces[i] (dst's keyspace id; NULL never) and wrote the credit in
---                this transaction, false when it recorded the credit as owed.
+--                this transaction, false when it recorded the credit as owed (leased to the
+--                connection's router when it says it delivers its own: shardgate_credit_lease).
 --
 -- Concurrency: a try-lock on (scope, key, request hash), then on (scope, key); try-locks never
 -- wait, so a duplicate is answered at once, and a lookup across the partitions follows, in a
@@ -125,7 +126,8 @@ BEGIN
     --    same transfer id finds it in the ledger, as it would row by row), its completed record,
     --    dated no earlier than its key's floor (raising 23514 when upkeep has not created the
     --    partition for that date: the whole statement, and so the group, then rolls back), and a
-    --    debit's credit: here, fenced by the same lock, when this shard owns dst, else owed.
+    --    debit's credit: here, fenced by the same lock, when this shard owns dst, else owed
+    --    (leased to the connection's router if it delivers its own credits).
     WITH t AS MATERIALIZED (
         SELECT u.*, u.kind = 'transfer_out' AND u.cks IS NOT NULL AND EXISTS (SELECT 1 FROM shardgate_owned_range o WHERE o.active AND o.lo <= u.cks AND (o.hi IS NULL OR u.cks < o.hi)) AS here
           FROM unnest(p_transfer_ids, p_keyspaces, p_accounts, p_counterparties, p_counter_keyspaces, p_amounts,
@@ -150,9 +152,11 @@ BEGIN
           FROM app WHERE app.here
         ON CONFLICT (transfer_id, kind) DO NOTHING),
     owed AS (
-        INSERT INTO shardgate_credit_outbox (transfer_id, keyspace_id, src, dst, amount, currency, reference, client, debited_at)
-        SELECT app.tid, app.ks, app.acct, app.cp, app.amount, app.cur, app.ref, app.client, now()
-          FROM app WHERE app.kind = 'transfer_out' AND NOT app.here)
+        INSERT INTO shardgate_credit_outbox (transfer_id, keyspace_id, src, dst, amount, currency, reference, client, debited_at,
+                                             attempts, lease_owner, lease_until)
+        SELECT app.tid, app.ks, app.acct, app.cp, app.amount, app.cur, app.ref, app.client, now(),
+               CASE WHEN l.owner IS NOT NULL THEN 1 ELSE 0 END, l.owner, l.until
+          FROM app, shardgate_credit_lease() l WHERE app.kind = 'transfer_out' AND NOT app.here)
     SELECT array_agg(CASE WHEN x.d IS NOT NULL THEN x.d WHEN a.i IS NOT NULL THEN 'applied' END ORDER BY x.i),
            array_agg(CASE WHEN a.kind = 'transfer_out' THEN a.here END ORDER BY x.i),
            count(*) FILTER (WHERE x.d IS NULL AND a.i IS NULL)

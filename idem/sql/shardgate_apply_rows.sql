@@ -1,4 +1,4 @@
--- requires: shardgate_group_args_invalid shardgate_key_floor
+-- requires: shardgate_group_args_invalid shardgate_key_floor shardgate_credit_lease
 --
 -- shardgate_apply_rows is shardgate_apply_batch item by item: a few statements per item
 -- instead of a few per group. For a small group that is cheaper (the set-wise statements cost
@@ -108,7 +108,8 @@ BEGIN
         -- The leg, its completed record dated no earlier than its key's floor (raising 23514 when
         -- upkeep has not created the partition for that date: the whole statement then rolls
         -- back), and a debit's credit: here, fenced by the same lock, when this shard owns dst,
-        -- else owed. All or nothing: the leg decides.
+        -- else owed (leased to the connection's router if it delivers its own credits). All or
+        -- nothing: the leg decides.
         here := p_kinds[i] = 'transfer_out' AND p_counter_keyspaces[i] IS NOT NULL AND EXISTS (
             SELECT 1 FROM shardgate_owned_range o
              WHERE o.active AND o.lo <= p_counter_keyspaces[i] AND (o.hi IS NULL OR p_counter_keyspaces[i] < o.hi));
@@ -126,9 +127,11 @@ BEGIN
               FROM leg WHERE here
             ON CONFLICT (transfer_id, kind) DO NOTHING),
         owed AS (
-            INSERT INTO shardgate_credit_outbox (transfer_id, keyspace_id, src, dst, amount, currency, reference, client, debited_at)
-            SELECT p_transfer_ids[i], p_keyspaces[i], p_accounts[i], p_counterparties[i], p_amounts[i], p_currencies[i], p_references[i], p_clients[i], now()
-              FROM leg WHERE p_kinds[i] = 'transfer_out' AND NOT here)
+            INSERT INTO shardgate_credit_outbox (transfer_id, keyspace_id, src, dst, amount, currency, reference, client, debited_at,
+                                                 attempts, lease_owner, lease_until)
+            SELECT p_transfer_ids[i], p_keyspaces[i], p_accounts[i], p_counterparties[i], p_amounts[i], p_currencies[i], p_references[i], p_clients[i], now(),
+                   CASE WHEN l.owner IS NOT NULL THEN 1 ELSE 0 END, l.owner, l.until
+              FROM leg, shardgate_credit_lease() l WHERE p_kinds[i] = 'transfer_out' AND NOT here)
         SELECT EXISTS (SELECT 1 FROM leg) INTO wrote;
         IF NOT wrote THEN
             -- Expired only for a leg older than retention.

@@ -127,6 +127,9 @@ func (s *Service) shutdown(api, admin *http.Server) error {
 	if admin != nil {
 		admin.Shutdown(sctx) //nolint:errcheck // the API server's result is the one that matters
 	}
+	if s.Relay != nil {
+		s.Relay.Wait() // the credits of the last debits, bounded by the request timeout
+	}
 	s.Close()
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("shutdown: %w", err)

@@ -49,6 +49,17 @@ func Load(path string) (*config.Config, *shardmap.Map, error) {
 // New opens a pool per shard of m and builds the router serving them. Opening does not
 // connect: a shard that is down fails its own requests, not the start. Close releases the pools.
 func New(cfg *config.Config, m *shardmap.Map, log *slog.Logger) (*Service, error) {
+	// The service's own copy of cfg: the session settings of its connections are its own. With
+	// the relay on, it delivers the credits of this router's debits itself, at once, and the
+	// router's connections write them leased to it.
+	own := *cfg
+	cfg = &own
+	cfg.ShardPool.Session = nil
+	var owner string
+	if cfg.Relay.Enabled {
+		owner = relay.NewOwner()
+		cfg.ShardPool.Session = idem.CreditLeaseSettings(owner, cfg.Relay.Lease)
+	}
 	topo, err := topology.Open(m, nil, cfg.ShardPool)
 	if err != nil {
 		return nil, err
@@ -63,8 +74,9 @@ func New(cfg *config.Config, m *shardmap.Map, log *slog.Logger) (*Service, error
 	s.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), s.upkeep, s.moves)
 	s.Router = router.New(cfg, topo, log, s.Registry)
 	if cfg.Relay.Enabled {
-		s.Relay = relay.New(cfg, s.Router, log, s.Registry)
-		s.Router.OnCreditOwed(s.Relay.Notify)
+		s.Relay = relay.New(cfg, owner, s.Router, log, s.Registry)
+		s.Relay.DeliverThrough(s.Router)
+		s.Router.OnCreditOwed(s.Relay.Handoff)
 	}
 	return s, nil
 }

@@ -337,9 +337,12 @@ func records(t testing.TB, shard, key string) (all, completed int) {
 	return all, completed
 }
 
-// totals counts all ledger rows and idempotency records on every shard.
+// totals counts all ledger rows and idempotency records on every shard, once every credit the
+// suite's router handed off has landed: counts taken before and after a request then differ by
+// what that request wrote.
 func totals(t testing.TB) (ledger, recs int) {
 	t.Helper()
+	env.svc.Relay.Wait()
 	for _, p := range env.pools {
 		var l, r int
 		if err := p.QueryRow(context.Background(),
