@@ -7,6 +7,7 @@ import (
 
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/relay"
+	"github.com/shardgate/shardgate/shardmap"
 )
 
 // A router delivers the credits of its own debits at once (Handoff). Its connections wrote them
@@ -16,15 +17,7 @@ import (
 // and delivers it: every credit lands exactly once.
 func TestHandoffDeliversAtOnceAndThePassIsTheSafetyNet(t *testing.T) {
 	ctx := context.Background()
-	c := newCluster(t, "a", "b")
-	m := c.mapOf(1, "a=-80 b=80-")
-	c.apply(m)
-
-	cfg := relayConfig(t)
-	name := relay.NewOwner()
-	cfg.ShardPool.Session = idem.CreditLeaseSettings(name, time.Hour)
-	routerTopos := newTopos(t, cfg, m)
-	mine := newRelayAs(cfg, name, routerTopos)
+	c, m, name, routerTopos, mine := handingOff(t)
 	otherCfg := relayConfig(t)
 	other := newRelay(otherCfg, newTopos(t, otherCfg, m))
 
@@ -78,14 +71,7 @@ func TestHandoffDeliversAtOnceAndThePassIsTheSafetyNet(t *testing.T) {
 // back with its reason and backoff, no longer leased: a pass delivers it once it is due.
 func TestHandoffRefusedIsGivenBack(t *testing.T) {
 	ctx := context.Background()
-	c := newCluster(t, "a", "b")
-	m := c.mapOf(1, "a=-80 b=80-")
-	c.apply(m)
-	cfg := relayConfig(t)
-	name := relay.NewOwner()
-	cfg.ShardPool.Session = idem.CreditLeaseSettings(name, time.Hour)
-	tp := newTopos(t, cfg, m)
-	r := newRelayAs(cfg, name, tp)
+	c, m, _, tp, r := handingOff(t)
 
 	tr := transfer{id: "t-refused", src: accounts(t, "-80", 1)[0], dst: accounts(t, "80-", 1)[0], amount: 7}
 	trs := []transfer{tr}
@@ -111,6 +97,21 @@ func TestHandoffRefusedIsGivenBack(t *testing.T) {
 		t.Fatalf("the pass after dst took its range back settled %d credits, want 1", n)
 	}
 	c.checkDelivered(m, trs)
+}
+
+// handingOff is a cluster of two shards a and b, each owning half the keyspace under m, and a
+// router's relay that hands off: named name, with tp the router's connections, which write owed
+// credits leased to it for an hour.
+func handingOff(t *testing.T) (c *cluster, m *shardmap.Map, name string, tp *topos, r testRelay) {
+	t.Helper()
+	c = newCluster(t, "a", "b")
+	m = c.mapOf(1, "a=-80 b=80-")
+	c.apply(m)
+	cfg := relayConfig(t)
+	name = relay.NewOwner()
+	cfg.ShardPool.Session = idem.CreditLeaseSettings(name, time.Hour)
+	tp = newTopos(t, cfg, m)
+	return c, m, name, tp, newRelayAs(cfg, name, tp)
 }
 
 // delaysObserved is the count of shardgate_credit_delay_seconds over every destination of r.
