@@ -86,8 +86,8 @@ func ClaimCredits(ctx context.Context, pool *pgxpool.Pool, owner string, limit i
 }
 
 // SettleCredits marks owed credits settled, each at the time its credit was written on dst's
-// shard. It is done only once the credit is known to be there; a row settled already stays as
-// it is.
+// shard, without waiting for the flush of its commit (settleLazily). It is done only once the
+// credit is known to be there; a row settled already stays as it is.
 func SettleCredits(ctx context.Context, pool *pgxpool.Pool, settledAt map[string]time.Time) error {
 	if len(settledAt) == 0 {
 		return nil
@@ -96,24 +96,35 @@ func SettleCredits(ctx context.Context, pool *pgxpool.Pool, settledAt map[string
 	for id, at := range settledAt {
 		ids, times = append(ids, id), append(times, at)
 	}
-	_, err := pool.Exec(ctx, `UPDATE shardgate_credit_outbox o
+	_, err := pool.Exec(ctx, `WITH `+settleLazily+`
+		UPDATE shardgate_credit_outbox o
 		   SET settled_at = s.at, lease_owner = NULL, lease_until = NULL, last_error = NULL
-		  FROM unnest($1::text[], $2::timestamptz[]) AS s(id, at)
+		  FROM unnest($1::text[], $2::timestamptz[]) AS s(id, at), lazily
 		 WHERE o.transfer_id = s.id AND o.settled_at IS NULL`, ids, times)
 	return err
 }
 
+// settleLazily is a CTE, lazily, that makes its statement's commit not wait for the WAL flush
+// (synchronous_commit off for that transaction alone). A settle may be lost in a crash or a
+// failover of its shard: the credit is in dst's ledger already, so the row stays owed, its lease
+// runs out, and the next delivery replays and settles it again. Nothing waits on that flush, and
+// the shard folds it into the next one that another commit waits for.
+const settleLazily = `lazily AS (SELECT set_config('synchronous_commit', 'off', true))`
+
 // SettleDelivered marks owed credits settled at the time of this statement on their debit's
 // shard, which runs after their credits committed on dst's shard: the handoff's settle, which
-// knows each credit landed from its own delivery and does not read dst's ledger back. A row
-// settled already stays as it is.
+// knows each credit landed from its own delivery and does not read dst's ledger back. Like
+// SettleCredits it does not wait for its commit's flush, and leaves a row settled already as it
+// is.
 func SettleDelivered(ctx context.Context, pool *pgxpool.Pool, ids []string) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	_, err := pool.Exec(ctx, `UPDATE shardgate_credit_outbox
+	_, err := pool.Exec(ctx, `WITH `+settleLazily+`
+		UPDATE shardgate_credit_outbox o
 		   SET settled_at = now(), lease_owner = NULL, lease_until = NULL, last_error = NULL
-		 WHERE transfer_id = ANY($1) AND settled_at IS NULL`, ids)
+		  FROM lazily
+		 WHERE o.transfer_id = ANY($1) AND o.settled_at IS NULL`, ids)
 	return err
 }
 

@@ -364,3 +364,31 @@ func debitLeasesItsOwedCredit(t *testing.T, q string) {
 		t.Errorf("t-b after SettleDelivered: settled after its debit %v, lease owner %v; want settled, no lease", settled, owner)
 	}
 }
+
+// A settle does not wait for its commit's flush: the setting it turns off is its own
+// transaction's alone, and the session keeps synchronous_commit on.
+func TestSettleDoesNotWaitForTheFlush(t *testing.T) {
+	ctx := context.Background()
+	pool := halfShard(t)
+	transferOutcome(t, pool, debitTo("a", 10, there), Applied)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	var lazy string
+	err = conn.QueryRow(ctx, `WITH `+settleLazily+` SELECT current_setting('synchronous_commit') FROM lazily`).Scan(&lazy)
+	if err != nil || lazy != "off" {
+		t.Fatalf("inside a settle, synchronous_commit is %q (%v), want off", lazy, err)
+	}
+	if _, err := conn.Exec(ctx, `WITH `+settleLazily+` UPDATE shardgate_credit_outbox SET settled_at = now() FROM lazily WHERE transfer_id = 't-a'`); err != nil {
+		t.Fatal(err)
+	}
+	var after string
+	if err := conn.QueryRow(ctx, "SHOW synchronous_commit").Scan(&after); err != nil || after != "on" {
+		t.Errorf("after a settle the session's synchronous_commit is %q (%v), want on", after, err)
+	}
+	if _, _, owed := legs(t, pool, "t-a"); !owed {
+		t.Error("the owed row is gone")
+	}
+}
