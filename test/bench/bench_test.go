@@ -7,9 +7,9 @@
 //   - function: pgbench on the per-item function the router calls (testdata/transfer_new.sql);
 //   - router new and router replay: the router, built by service.New and served over real
 //     HTTP/TCP, under the in-process load generator, with new keys and with replays;
-//   - router cross new: the router on new keys whose src and dst live on two shards (two more
-//     databases of the same PostgreSQL, under a map of their own), its relay delivering the
-//     credits;
+//   - router cross new: the router on new keys whose src and dst live on two shards (a database
+//     of the same PostgreSQL and one of a second server, under a map of their own), its relay
+//     delivering the credits;
 //   - floor: a bare net/http handler that decodes the same body and writes the router's 201,
 //     under the same load generator: what HTTP alone costs here;
 //   - peer new: a plain net/http + pgx service on one database, one five-statement transaction
@@ -309,7 +309,7 @@ func report(f *fixture, s settings, res results) string {
 		s.rounds, s.duration)
 	fmt.Fprintf(&out, "anchor: pgbench, one-statement CTE, unpartitioned tables; function: pgbench, shardgate_apply_rows (one debit + its same-shard credit);\n"+
 		"  floor: bare net/http handler decoding the same body and writing the same 201, same load generator\n")
-	fmt.Fprintf(&out, "router cross new: src and dst on two more databases of this PostgreSQL, half the keyspace each, relay running;\n"+
+	fmt.Fprintf(&out, "router cross new: src and dst on two shards, half the keyspace each, one on this PostgreSQL and one on a second server, relay running;\n"+
 		"  peer: net/http + pgx on one database, one transaction of five statements, pool as large as the router's\n")
 	fmt.Fprintf(&out, "router: service.New, auth none, shard_pool max_conns=min(c,%d) max_waiting=%d (so that c > %d queue for\n"+
 		"  a connection instead of getting 503 shard-busy), group_commit max_batch=%d (on; in_flight %d, stall_after %v) unless off (=%d)\n",

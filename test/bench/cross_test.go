@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/internal/localpg"
 	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/rangemove"
 	"github.com/shardgate/shardgate/shardmap"
@@ -26,9 +27,9 @@ const (
 	creditWait = time.Minute
 )
 
-// crossShards are the two shards of the cross-shard phases: two more databases of the same
-// PostgreSQL, each owning half of the keyspace under a map of their own, so that the same-shard
-// phases keep their one shard.
+// crossShards are the two shards of the cross-shard phases, each owning half of the keyspace
+// under a map of their own: a database of the first PostgreSQL server and one of the second, so
+// that each shard has its own WAL as in production, and the same-shard phases keep their shard.
 type crossShards struct {
 	names    [2]string // the shards' names in shardMap
 	dbs      [2]string // their databases
@@ -55,10 +56,10 @@ func (f *fixture) prepareCross(ctx context.Context) error {
 	}()
 	mapYAML := "version: 1\nshards:\n"
 	for i, db := range x.dbs {
-		if _, err := f.admin.Exec(ctx, "CREATE DATABASE "+db+" OWNER "+pgUser); err != nil {
+		if _, err := f.crossAdmin(i).Exec(ctx, "CREATE DATABASE "+db+" OWNER "+pgUser); err != nil {
 			return fmt.Errorf("creating the cross shards' database %s: %w", db, err)
 		}
-		u, err := url.Parse(f.pg.DSN())
+		u, err := url.Parse([2]*localpg.Server{f.pg, f.pg2}[i].DSN())
 		if err != nil {
 			return err
 		}
@@ -132,12 +133,29 @@ func (x *crossShards) counts(ctx context.Context) (crossCounts, error) {
 // them, once no client connection to them is open: a backend reports its counts when it exits
 // (or now and then while idle), so only then do they hold every commit.
 func (f *fixture) commits(ctx context.Context) (int64, error) {
+	total := int64(0)
+	for i, db := range f.cross.dbs {
+		n, err := committed(ctx, f.crossAdmin(i), db)
+		if err != nil {
+			return 0, err
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// crossAdmin is the admin pool of the server of cross shard i.
+func (f *fixture) crossAdmin(i int) *pgxpool.Pool { return [2]*pgxpool.Pool{f.admin, f.admin2}[i] }
+
+// committed is what database db of admin's server has committed, once no client connection to
+// it is open.
+func committed(ctx context.Context, admin *pgxpool.Pool, db string) (int64, error) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var backends, commits int64
-		err := f.admin.QueryRow(ctx, `SELECT
-			(SELECT count(*) FROM pg_stat_activity WHERE datname = ANY($1) AND backend_type = 'client backend'),
-			(SELECT coalesce(sum(xact_commit), 0) FROM pg_stat_database WHERE datname = ANY($1))`, f.cross.dbs[:]).Scan(&backends, &commits)
+		err := admin.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND backend_type = 'client backend'),
+			(SELECT coalesce(sum(xact_commit), 0) FROM pg_stat_database WHERE datname = $1)`, db).Scan(&backends, &commits)
 		if err != nil {
 			return 0, fmt.Errorf("reading pg_stat_database: %w", err)
 		}
@@ -145,7 +163,7 @@ func (f *fixture) commits(ctx context.Context) (int64, error) {
 			return commits, nil
 		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("%d connections to the cross shards are still open after 30 s", backends)
+			return 0, fmt.Errorf("%d connections to the cross shard %s are still open after 30 s", backends, db)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

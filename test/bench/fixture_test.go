@@ -51,8 +51,12 @@ const (
 // fixture is one durable PostgreSQL holding the shard and the anchor's tables, the floor, and
 // what the phases carry from one to the next.
 type fixture struct {
-	pg       *localpg.Server
-	admin    *pgxpool.Pool // for setup and checks, not used by any side under test
+	pg    *localpg.Server
+	admin *pgxpool.Pool // for setup and checks, not used by any side under test
+	// pg2 and admin2 are a second PostgreSQL server, the second cross shard's: two shards are
+	// two servers, each with its own WAL and its own flushes, as in production.
+	pg2      *localpg.Server
+	admin2   *pgxpool.Pool
 	dir      string
 	shardMap *shardmap.Map
 	base     *config.Config // what every router's config has but its pool and group commit
@@ -81,7 +85,8 @@ func setup(ctx context.Context, b *testing.B, s settings, pgbenchBin string) *fi
 	if testing.Verbose() {
 		f.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	f.startPostgres(ctx, b, slices.Max(s.concurrency))
+	f.pg, f.admin = f.startPostgres(ctx, b, "pg", f.maxConnsFor(slices.Max(s.concurrency)))
+	f.pg2, f.admin2 = f.startPostgres(ctx, b, "pg2", min(slices.Max(s.concurrency), routerMaxConns)+30)
 	f.pgbench = pgbench{bin: pgbenchBin, host: "127.0.0.1", port: f.pg.Port(), user: pgUser, db: pgDatabase}
 	if err := f.prepareShard(ctx); err != nil {
 		b.Fatal(err)
@@ -107,34 +112,40 @@ func setup(ctx context.Context, b *testing.B, s settings, pgbenchBin string) *fi
 	return f
 }
 
-// startPostgres starts the server, refusing to go on unless it is durable.
-func (f *fixture) startPostgres(ctx context.Context, b *testing.B, maxC int) {
-	// Two pgbench runs' connections (one's may still be closing as the next opens its own), two
-	// routers' pools (group commit on and off), the cross-shard router's two and the peer's, the
-	// admin pool, and some to spare.
-	f.maxConns = 2*maxC + 5*min(maxC, routerMaxConns) + 30
+// maxConnsFor is the first server's max_connections for concurrencies up to maxC: two pgbench
+// runs' connections (one's may still be closing as the next opens its own), two routers' pools
+// (group commit on and off), the cross-shard router's and the peer's, the admin pool, and some to
+// spare.
+func (f *fixture) maxConnsFor(maxC int) int {
+	f.maxConns = 2*maxC + 4*min(maxC, routerMaxConns) + 30
+	return f.maxConns
+}
+
+// startPostgres starts a server in dir with maxConns connections and returns it with an admin
+// pool, refusing to go on unless it is durable.
+func (f *fixture) startPostgres(ctx context.Context, b *testing.B, dir string, maxConns int) (*localpg.Server, *pgxpool.Pool) {
 	pg, err := localpg.Start(ctx, localpg.Options{
-		Dir:      filepath.Join(f.dir, "pg"),
+		Dir:      filepath.Join(f.dir, dir),
 		User:     pgUser,
 		Database: pgDatabase,
 		Durable:  true, // fsync on: a commit costs what it costs in production
-		Settings: map[string]string{"max_connections": strconv.Itoa(f.maxConns)},
+		Settings: map[string]string{"max_connections": strconv.Itoa(maxConns)},
 	})
 	if err != nil {
 		b.Fatal(err)
 	}
-	f.pg = pg
 	b.Cleanup(func() {
 		if err := pg.Close(); err != nil {
 			b.Error(err)
 		}
 	})
-	if f.admin, err = pgxpool.New(ctx, pg.DSN()); err != nil {
+	admin, err := pgxpool.New(ctx, pg.DSN())
+	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(f.admin.Close)
+	b.Cleanup(admin.Close)
 	var fsync, syncCommit string
-	err = f.admin.QueryRow(ctx, "SELECT current_setting('fsync'), current_setting('synchronous_commit'), current_setting('server_version')").
+	err = admin.QueryRow(ctx, "SELECT current_setting('fsync'), current_setting('synchronous_commit'), current_setting('server_version')").
 		Scan(&fsync, &syncCommit, &f.pgVersion)
 	if err != nil {
 		b.Fatal(err)
@@ -143,6 +154,7 @@ func (f *fixture) startPostgres(ctx context.Context, b *testing.B, maxC int) {
 	if fsync != "on" || syncCommit != "on" {
 		b.Fatalf("PostgreSQL runs with %s; the benchmark needs its durable defaults", f.durability)
 	}
+	return pg, admin
 }
 
 // prepareShard migrates the database, gives it the whole keyspace in a one-shard map, creates
