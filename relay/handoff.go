@@ -94,11 +94,14 @@ func (r *Relay) handOff(source string, c idem.OwedCredit, debited time.Time) {
 		r.reschedule(ctx, topo, source, []string{c.TransferID}, v.retry)
 		return
 	}
-	r.metrics.delay.WithLabelValues(dest.Name).Observe(time.Since(debited).Seconds())
+	delay := time.Since(debited)
 	if _, err := r.settlerOf(source).Do(ctx, c.TransferID); err != nil {
 		r.log.Warn("credit delivered but not marked settled; it will be delivered again once its lease runs out, and replay",
 			"from", source, "to", dest.Name, "transfer_id", c.TransferID, "err", scrub(topo, err))
+		return
 	}
+	// Observed once settled, as a pass observes it: a count of delays is a count of settles.
+	r.metrics.delay.WithLabelValues(dest.Name).Observe(delay.Seconds())
 }
 
 // deliverOne runs c's credit leg on dest: through the router's group commit when there is one.

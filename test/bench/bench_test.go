@@ -269,6 +269,7 @@ type measurement struct {
 	// commits is what the cross shards committed over a cross-shard router's life, committed
 	// the transfers it created meanwhile (its warm-up's too); cross-shard only.
 	commits, committed int64
+	cpu                cpuTime // over the phase (over the cross-shard router's life, for its row)
 }
 
 func (m measurement) tps() float64 {
@@ -285,6 +286,7 @@ func (m *measurement) add(o measurement) {
 	m.credit = m.credit.plus(o.credit)
 	m.commits += o.commits
 	m.committed += o.committed
+	m.cpu = m.cpu.plus(o.cpu)
 	if len(o.latencies) > 0 {
 		m.latencies = append(m.latencies, o.latencies...)
 		slices.Sort(m.latencies)
@@ -410,6 +412,9 @@ func newKeyLines(s settings, res results, label string) string {
 		{"peer p99 ms", latency(peerRow, 0.99)},
 		{"credit p50 ms", credit(0.50)},
 		{"credit p99 ms", credit(0.99)},
+		{"same cpu us/t", cpuPer(routerNewRow)},
+		{"cross cpu us/t", cpuPer(crossNewRow)},
+		{"peer cpu us/t", cpuPer(peerRow)},
 		{"cross commits/t", func(m [numRows]measurement) string {
 			if m[crossNewRow].committed == 0 {
 				return "n/a"
@@ -424,6 +429,22 @@ func newKeyLines(s settings, res results, label string) string {
 		out.WriteByte('\n')
 	}
 	return out.String()
+}
+
+// cpuPer formats row r's CPU time per transfer, in µs, as "this process+PostgreSQL"; for the
+// cross-shard row over every transfer of its router's life (warm-up included).
+func cpuPer(r row) func(m [numRows]measurement) string {
+	return func(m [numRows]measurement) string {
+		n := m[r].txns
+		if r == crossNewRow {
+			n = m[r].committed
+		}
+		if n == 0 {
+			return "n/a"
+		}
+		us := func(d time.Duration) int64 { return d.Microseconds() / n }
+		return fmt.Sprintf("%d+%d", us(m[r].cpu.self), us(m[r].cpu.pg))
+	}
 }
 
 func ratio(num, den measurement) string {

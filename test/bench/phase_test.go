@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -50,7 +51,16 @@ func (f *fixture) runLevel(ctx context.Context, b *testing.B, s settings, round,
 	}
 	for _, r := range order {
 		name := fmt.Sprintf("round %d, c=%d, %s", round+1, c, r)
-		res[r].add(f.phase(ctx, b, name, r, func() (measurement, error) { return f.measure(ctx, r, c, s.duration, on, off, peer.server) }))
+		res[r].add(f.phase(ctx, b, name, r, func() (measurement, error) {
+			before, err := f.cpuNow()
+			if err != nil {
+				return measurement{}, err
+			}
+			m, err := f.measure(ctx, r, c, s.duration, on, off, peer.server)
+			after, cpuErr := f.cpuNow()
+			m.cpu = after.minus(before)
+			return m, errors.Join(err, cpuErr)
+		}))
 	}
 }
 
