@@ -1,4 +1,6 @@
-// Package relay delivers the credits that debits owe: every `router serve` runs one. It claims
+// Package relay delivers the credits that debits owe: every `router serve` runs one. The router
+// that wrote a debit hands its credit to its relay at once (handoff.go); the debit's own
+// transaction leased it to that relay. Passes are the safety net: they claim the other
 // owed credits on each shard (FOR UPDATE SKIP LOCKED plus a lease, so any number of router
 // replicas relay side by side and one takes over a row whose lease ran out), delivers them to
 // the shard that owns dst through the same claim path as any transfer (scope shardgate:credit,
@@ -39,7 +41,8 @@ type Topologies interface {
 	ReloadAtLeast(version int64) bool
 }
 
-// Relay delivers owed credits. Run it with Run; Notify makes it look at once.
+// Relay delivers owed credits: those its router's debits owe at once (Handoff), and, in passes
+// (Run), whatever other relays left owed. Notify makes it pass at once.
 type Relay struct {
 	cfg       config.Relay
 	retention time.Duration
@@ -88,8 +91,8 @@ func NewOwner() string {
 	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b))
 }
 
-// Notify tells the relay that a credit became owed; it never blocks, and notifications that
-// arrive during a pass make one more pass.
+// Notify makes the relay pass at once (a destination shard to re-owe was marked); it never
+// blocks, and notifications that arrive during a pass make one more pass.
 func (r *Relay) Notify() {
 	select {
 	case r.wake <- struct{}{}:
