@@ -143,7 +143,8 @@ func startMove(ctx context.Context, src *pgxpool.Pool, mv MoveReport, version in
 
 // dropStaleMoves forgets, on every shard of m, the moves an earlier apply began that none of
 // moves continues, with their captured changes: their copies on the shard they went to are
-// listed there as copied, and the settle of this apply lists them to purge.
+// listed there as copied, and the settle of this apply lists them to purge. A shard left with no
+// move drops its change-capture triggers (idem.DropIdleCapture).
 func dropStaleMoves(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool, moves []MoveReport) error {
 	for _, s := range m.Shards {
 		var keep []string
