@@ -31,6 +31,10 @@ type Migration struct {
 	// Indexes the migration builds online, from its "-- shardgate: online-index" lines, before
 	// its statements run.
 	OnlineIndexes []OnlineIndex
+	// DropIndexes are the indexes it drops online, from its "-- shardgate: online-drop-index
+	// name" lines: with DROP INDEX CONCURRENTLY, once its online indexes are built (so that a
+	// replacement is valid before the index it replaces goes) and before its statements run.
+	DropIndexes []string
 }
 
 // OnlineIndex is an index that a migration builds without holding writes to its table: with
@@ -44,35 +48,61 @@ type Migration struct {
 // only once every one of them is valid, so the table must exist before the migration (an index
 // on a table the migration creates is built among its statements: the table is empty). A build
 // that was interrupted leaves an invalid index, which the next Migrate drops and builds again.
+// An index of another kind than btree names its method, and may set storage parameters:
+//
+//	-- shardgate: online-index name ON table USING brin (column) WITH (pages_per_range = 32)
 type OnlineIndex struct {
 	Name    string
 	Table   string
 	Columns string // as written between the parentheses, e.g. "keyspace_id, id"
+	Using   string // the index method; empty for btree
+	With    string // storage parameters as written between WITH's parentheses, or empty
 }
 
 var (
-	onlineIndexLine = regexp.MustCompile(`^--\s*shardgate:\s*online-index\b(.*)$`)
-	onlineIndexDecl = regexp.MustCompile(`^\s*([a-z_][a-z0-9_]*)\s+ON\s+([a-z_][a-z0-9_]*)\s*\(\s*([a-z_][a-z0-9_]*(?:\s*,\s*[a-z_][a-z0-9_]*)*)\s*\)\s*$`)
+	onlineIndexLine = regexp.MustCompile(`^--\s*shardgate:\s*online-(index|drop-index)\b(.*)$`)
+	onlineIndexDecl = regexp.MustCompile(`^\s*([a-z_][a-z0-9_]*)\s+ON\s+([a-z_][a-z0-9_]*)(?:\s+USING\s+([a-z]+))?\s*\(\s*([a-z_][a-z0-9_]*(?:\s*,\s*[a-z_][a-z0-9_]*)*)\s*\)` +
+		`(?:\s*WITH\s*\(\s*([a-z_]+\s*=\s*[a-z0-9]+(?:\s*,\s*[a-z_]+\s*=\s*[a-z0-9]+)*)\s*\))?\s*$`)
+	onlineDropDecl = regexp.MustCompile(`^\s*([a-z_][a-z0-9_]*)\s*$`)
 )
 
-// onlineIndexesOf reads the online-index lines of a migration file.
-func onlineIndexesOf(path, body string) ([]OnlineIndex, error) {
-	var out []OnlineIndex
+// onlineIndexesOf reads the online-index and online-drop-index lines of a migration file.
+func onlineIndexesOf(path, body string) (build []OnlineIndex, drop []string, err error) {
 	for i, line := range strings.Split(body, "\n") {
 		m := onlineIndexLine.FindStringSubmatch(strings.TrimRight(line, "\r"))
 		if m == nil {
 			continue
 		}
-		d := onlineIndexDecl.FindStringSubmatch(m[1])
+		if m[1] == "drop-index" {
+			d := onlineDropDecl.FindStringSubmatch(m[2])
+			if d == nil {
+				return nil, nil, fmt.Errorf("migration file %s line %d: want \"-- shardgate: online-drop-index name\" with a lower-case name, got %q", path, i+1, line)
+			}
+			drop = append(drop, d[1])
+			continue
+		}
+		d := onlineIndexDecl.FindStringSubmatch(m[2])
 		if d == nil {
-			return nil, fmt.Errorf("migration file %s line %d: want \"-- shardgate: online-index name ON table (column, ...)\" with lower-case names, got %q", path, i+1, line)
+			return nil, nil, fmt.Errorf("migration file %s line %d: want \"-- shardgate: online-index name ON table [USING method] (column, ...) [WITH (parameter = value, ...)]\" with lower-case names, got %q", path, i+1, line)
 		}
 		if len(d[1]) > 63 {
-			return nil, fmt.Errorf("migration file %s line %d: index name %s is longer than 63 bytes", path, i+1, d[1])
+			return nil, nil, fmt.Errorf("migration file %s line %d: index name %s is longer than 63 bytes", path, i+1, d[1])
 		}
-		out = append(out, OnlineIndex{Name: d[1], Table: d[2], Columns: d[3]})
+		build = append(build, OnlineIndex{Name: d[1], Table: d[2], Using: d[3], Columns: d[4], With: d[5]})
 	}
-	return out, nil
+	return build, drop, nil
+}
+
+// definition is ix's CREATE INDEX after the table's name: method, columns and parameters.
+func (ix OnlineIndex) definition() string {
+	def := "(" + ix.Columns + ")"
+	if ix.Using != "" {
+		def = "USING " + ix.Using + " " + def
+	}
+	if ix.With != "" {
+		def += " WITH (" + ix.With + ")"
+	}
+	return def
 }
 
 // FunctionFile is one file of sql/: a SQL function, or a small family of them, defined with
@@ -126,11 +156,11 @@ func migrationsIn(fsys fs.FS) ([]Migration, error) {
 		if err != nil {
 			return nil, err
 		}
-		online, err := onlineIndexesOf(path, string(body))
+		online, drop, err := onlineIndexesOf(path, string(body))
 		if err != nil {
 			return nil, err
 		}
-		ms = append(ms, Migration{Version: v, Name: name, SQL: string(body), OnlineIndexes: online})
+		ms = append(ms, Migration{Version: v, Name: name, SQL: string(body), OnlineIndexes: online, DropIndexes: drop})
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
 	for i := 1; i < len(ms); i++ {
@@ -282,6 +312,11 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) ([]string, err
 		for _, ix := range m.OnlineIndexes {
 			if err := buildOnline(ctx, conn.Conn(), ix); err != nil {
 				return applied, fmt.Errorf("migration %04d_%s: index %s on %s: %w", m.Version, m.Name, ix.Name, ix.Table, err)
+			}
+		}
+		for _, name := range m.DropIndexes {
+			if _, err := conn.Exec(ctx, "DROP INDEX CONCURRENTLY IF EXISTS "+pgx.Identifier{name}.Sanitize()); err != nil {
+				return applied, fmt.Errorf("migration %04d_%s: drop index %s: %w", m.Version, m.Name, name, err)
 			}
 		}
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {

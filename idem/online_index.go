@@ -24,7 +24,7 @@ func buildOnline(ctx context.Context, conn *pgx.Conn, ix OnlineIndex) error {
 	}
 	switch kind {
 	case "r":
-		return buildConcurrently(ctx, conn, ix.Table, ix.Name, ix.Columns)
+		return buildConcurrently(ctx, conn, ix.Table, ix.Name, ix.definition())
 	case "p":
 		return buildPartitioned(ctx, conn, ix)
 	default:
@@ -32,10 +32,10 @@ func buildOnline(ctx context.Context, conn *pgx.Conn, ix OnlineIndex) error {
 	}
 }
 
-// buildConcurrently makes sure the plain table has a valid index name on columns, built with
-// CREATE INDEX CONCURRENTLY: an invalid index of that name, left by an interrupted build, is
-// dropped concurrently first.
-func buildConcurrently(ctx context.Context, conn *pgx.Conn, table, name, columns string) error {
+// buildConcurrently makes sure the plain table has a valid index name of definition def
+// (OnlineIndex.definition), built with CREATE INDEX CONCURRENTLY: an invalid index of that name,
+// left by an interrupted build, is dropped concurrently first.
+func buildConcurrently(ctx context.Context, conn *pgx.Conn, table, name, def string) error {
 	valid, onTable, exists, err := indexState(ctx, conn, name)
 	if err != nil {
 		return err
@@ -52,7 +52,7 @@ func buildConcurrently(ctx context.Context, conn *pgx.Conn, table, name, columns
 			return fmt.Errorf("drop the invalid index %s left by an interrupted build: %w", name, err)
 		}
 	}
-	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE INDEX CONCURRENTLY %s ON %s (%s)", id, tbl, columns)); err != nil {
+	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE INDEX CONCURRENTLY %s ON %s %s", id, tbl, def)); err != nil {
 		return fmt.Errorf("build %s on %s: %w", name, table, err)
 	}
 	return nil
@@ -72,7 +72,7 @@ func buildPartitioned(ctx context.Context, conn *pgx.Conn, ix OnlineIndex) error
 	}
 	id := pgx.Identifier{ix.Name}.Sanitize()
 	if !exists {
-		if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE INDEX %s ON ONLY %s (%s)", id, pgx.Identifier{ix.Table}.Sanitize(), ix.Columns)); err != nil {
+		if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE INDEX %s ON ONLY %s %s", id, pgx.Identifier{ix.Table}.Sanitize(), ix.definition())); err != nil {
 			return fmt.Errorf("create %s on only %s: %w", ix.Name, ix.Table, err)
 		}
 	}
@@ -98,7 +98,7 @@ func buildPartitioned(ctx context.Context, conn *pgx.Conn, ix OnlineIndex) error
 			return fmt.Errorf("partition %s of %s is not a plain table (relkind %s)", p.name, ix.Table, p.kind)
 		}
 		child := partitionIndexName(p.name, ix)
-		if err := buildConcurrently(ctx, conn, p.name, child, ix.Columns); err != nil {
+		if err := buildConcurrently(ctx, conn, p.name, child, ix.definition()); err != nil {
 			return err
 		}
 		if _, err := conn.Exec(ctx, fmt.Sprintf("ALTER INDEX %s ATTACH PARTITION %s", id, pgx.Identifier{child}.Sanitize())); err != nil {

@@ -74,13 +74,19 @@ func TestOnlineIndexDeclarations(t *testing.T) {
 	got := map[int][]string{}
 	for _, m := range ms {
 		for _, ix := range m.OnlineIndexes {
-			got[m.Version] = append(got[m.Version], fmt.Sprintf("%s ON %s (%s)", ix.Name, ix.Table, ix.Columns))
+			got[m.Version] = append(got[m.Version], fmt.Sprintf("%s ON %s %s", ix.Name, ix.Table, ix.definition()))
+		}
+		for _, name := range m.DropIndexes {
+			got[m.Version] = append(got[m.Version], "drop "+name)
 		}
 	}
 	want := map[int][]string{
 		10: {"ledger_entries_created_idx ON ledger_entries (created_at)", "shardgate_credit_outbox_debited_idx ON shardgate_credit_outbox (debited_at)"},
 		11: {"idempotency_record_keyspace_idx ON idempotency_record (keyspace_id, scope, key)", "ledger_entries_keyspace_idx ON ledger_entries (keyspace_id, id)",
 			"shardgate_credit_outbox_keyspace_idx ON shardgate_credit_outbox (keyspace_id, transfer_id)"},
+		12: {"ledger_entries_created_brin ON ledger_entries USING brin (created_at) WITH (pages_per_range = 32, autosummarize = on)",
+			"shardgate_credit_outbox_debited_brin ON shardgate_credit_outbox USING brin (debited_at) WITH (pages_per_range = 32, autosummarize = on)",
+			"drop ledger_entries_created_idx", "drop shardgate_credit_outbox_debited_idx"},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("online indexes %v, want %v", got, want)
@@ -90,9 +96,15 @@ func TestOnlineIndexDeclarations(t *testing.T) {
 			t.Errorf("migration %04d still locks tables", m.Version)
 		}
 	}
-	bad := withFiles(t, map[string]string{"migrations/0099_bad.sql": "-- shardgate: online-index x_idx ON x (a; DROP TABLE y)\n"})
-	if _, err := migrationsIn(bad); err == nil || !strings.Contains(err.Error(), "0099_bad.sql line 1") {
-		t.Errorf("a malformed online-index line: %v, want an error naming the file and line", err)
+	for _, line := range []string{
+		"-- shardgate: online-index x_idx ON x (a; DROP TABLE y)",
+		"-- shardgate: online-index x_idx ON x USING brin (a) WITH (fillfactor = 1); DROP TABLE y",
+		"-- shardgate: online-drop-index x_idx; DROP TABLE y",
+	} {
+		bad := withFiles(t, map[string]string{"migrations/0099_bad.sql": line + "\n"})
+		if _, err := migrationsIn(bad); err == nil || !strings.Contains(err.Error(), "0099_bad.sql line 1") {
+			t.Errorf("%s: %v, want an error naming the file and line", line, err)
+		}
 	}
 }
 
@@ -246,11 +258,20 @@ func TestInterruptedIndexBuildIsCompleted(t *testing.T) {
 	if len(applied) == 0 || applied[0] != "0011_range_moves" || slices.Contains(applied, "0010_reconcile_window") {
 		t.Errorf("the next migrate applied %v, want 0011 first and not 0010", applied)
 	}
-	if got := appliedVersions(t, pool); !slices.Equal(got, []int32{8, 10, 11}) {
-		t.Errorf("applied %v, want [8 10 11]", got)
+	if got := appliedVersions(t, pool); !slices.Equal(got, []int32{8, 10, 11, 12}) {
+		t.Errorf("applied %v, want [8 10 11 12]", got)
 	}
 	if bad := invalidIndexes(t, pool); len(bad) != 0 {
 		t.Errorf("invalid indexes after the next migrate: %v", bad)
+	}
+	var byTime []string
+	if err := pool.QueryRow(ctx, `SELECT array_agg(indexname::text) FROM pg_indexes
+		WHERE indexdef ~ '\((created_at|debited_at)\)'`).Scan(&byTime); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(byTime)
+	if want := []string{"ledger_entries_created_brin", "shardgate_credit_outbox_debited_brin"}; !slices.Equal(byTime, want) {
+		t.Errorf("indexes by time alone %v, want %v: 0012 replaces the btree indexes of 0010", byTime, want)
 	}
 	if lacking := partitionsLacking(t, pool); len(lacking) != 0 {
 		t.Errorf("partitions without the keyspace index: %v", lacking)
@@ -377,7 +398,7 @@ func TestConcurrentMigratesTakeTurnsDuringIndexBuilds(t *testing.T) {
 	if counts[0] != 0 || counts[1] == 0 {
 		t.Errorf("two migrates applied %v things, want everything once and nothing", counts)
 	}
-	if got := appliedVersions(t, pool); !slices.Equal(got, []int32{8, 10, 11}) {
-		t.Errorf("applied %v, want [8 10 11]", got)
+	if got := appliedVersions(t, pool); !slices.Equal(got, []int32{8, 10, 11, 12}) {
+		t.Errorf("applied %v, want [8 10 11 12]", got)
 	}
 }

@@ -281,7 +281,7 @@ var changedSincePreviousRelease = map[string]bool{"shardgate_copy_records": true
 
 // addedSincePreviousRelease names the functions this release added (a file of sql/ the previous
 // release did not have). Empty again once the fixture of the next release is written.
-var addedSincePreviousRelease = map[string]bool{"shardgate_capture_change": true, "shardgate_credit_lease": true}
+var addedSincePreviousRelease = map[string]bool{"shardgate_capture_change": true, "shardgate_capture_start": true, "shardgate_credit_lease": true}
 
 // A fresh shard and one upgraded from the previous release end with the same schema, and the
 // functions in sql/ do what the previous release's did: the same definitions but for comments

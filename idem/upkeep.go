@@ -83,7 +83,8 @@ const dropMarker = "shardgate upkeep: expired idempotency partition, detached to
 //     if expired, or finalized first and attached again in step 1 if it holds Now or a later
 //     time; a detached table whose DROP was interrupted is dropped. Any other pending detach
 //     is an error, left for an operator: its keys are no longer checked.
-//  4. On a shard upgraded to migration 0006, it brings the partitions from before the key-floor
+//  4. It drops the change-capture triggers when no range move is listed (DropIdleCapture).
+//  5. On a shard upgraded to migration 0006, it brings the partitions from before the key-floor
 //     rule under it, newest first, for up to ruleCatchUpBudget (bringUnderRule), so that
 //     lookups stop reading them whatever their key's time.
 //
@@ -244,6 +245,11 @@ func (u *upkeeper) run(ctx context.Context) error {
 	}
 	if err := u.dropLeftovers(ctx); err != nil {
 		return err
+	}
+	// A move's change capture outlives it when the apply that settled the move could not drop it
+	// (transfers held the tables), or on a shard upgraded from a release that kept it always.
+	if _, err := DropIdleCapture(ctx, u.conn); err != nil {
+		return fmt.Errorf("drop the change capture that no move needs: %w", err)
 	}
 	u.bringUnderRule(ctx)
 	return nil

@@ -91,10 +91,14 @@ const fenceTimeout = 30 * time.Second
 // startMove lists mv's range on its source as moving to mv.To, unless it is already (a
 // stopped apply resumes from its cursor), and waits until every transaction that was running
 // then has ended: from then on every row written or changed in the range is in
-// shardgate_range_change, and the bulk copy sees every row written before.
+// shardgate_range_change, and the bulk copy sees every row written before. Listing the move
+// creates the change-capture triggers in the same transaction (sql/shardgate_capture_start.sql),
+// so they exist before the wait begins; its locks wait for transfers, briefly
+// (idem.WithBriefLocks). A listed move keeps its triggers: they are dropped only once the shard
+// lists none (idem.DropIdleCapture).
 func startMove(ctx context.Context, src *pgxpool.Pool, mv MoveReport, version int64) error {
 	lo, hi := idem.Bounds(mv.Range)
-	err := pgx.BeginFunc(ctx, src, func(tx pgx.Tx) error {
+	err := idem.WithBriefLocks(ctx, src, func(tx pgx.Tx) error {
 		var dst *string
 		if err := tx.QueryRow(ctx, "SELECT dst FROM shardgate_range_move WHERE key_range = $1 FOR UPDATE", mv.Range.String()).Scan(&dst); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return err
@@ -139,7 +143,8 @@ func startMove(ctx context.Context, src *pgxpool.Pool, mv MoveReport, version in
 
 // dropStaleMoves forgets, on every shard of m, the moves an earlier apply began that none of
 // moves continues, with their captured changes: their copies on the shard they went to are
-// listed there as copied, and the settle of this apply lists them to purge.
+// listed there as copied, and the settle of this apply lists them to purge. A shard left with no
+// move drops its change-capture triggers (idem.DropIdleCapture).
 func dropStaleMoves(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool, moves []MoveReport) error {
 	for _, s := range m.Shards {
 		var keep []string
@@ -159,6 +164,9 @@ func dropStaleMoves(ctx context.Context, m *shardmap.Map, pool func(string) *pgx
 		})
 		if err != nil {
 			return fmt.Errorf("shard %s: forget moves of an earlier apply: %w", s.Name, err)
+		}
+		if _, err := idem.DropIdleCapture(ctx, pool(s.Name)); err != nil {
+			return fmt.Errorf("shard %s: drop the change capture of forgotten moves: %w", s.Name, err)
 		}
 	}
 	return nil

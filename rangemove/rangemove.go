@@ -187,9 +187,13 @@ func fence(ctx context.Context, moves []MoveReport, pool func(shard string) *pgx
 const PurgeBatch = 5000
 
 // purge deletes, on every shard of m, the rows of ranges that moved away from it
-// (idem.PurgeMoved), reporting progress on the moves of this apply.
+// (idem.PurgeMoved), reporting progress on the moves of this apply, and drops the change capture
+// of a shard that no longer lists a move (the settle forgets finished moves).
 func purge(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool, opts Options, moves []MoveReport) error {
 	for _, s := range m.Shards {
+		if _, err := idem.DropIdleCapture(ctx, pool(s.Name)); err != nil {
+			return fmt.Errorf("shard %s: drop the change capture of finished moves: %w", s.Name, err)
+		}
 		n, err := idem.PurgeMoved(ctx, pool(s.Name), PurgeBatch)
 		if err != nil {
 			return fmt.Errorf("shard %s: delete the rows of ranges moved away: %w", s.Name, err)

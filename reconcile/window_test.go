@@ -78,7 +78,7 @@ func TestWindowUsesIndexes(t *testing.T) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	for _, index := range []string{"ledger_entries_created_idx", "shardgate_credit_outbox_debited_idx"} {
+	for _, index := range []string{"ledger_entries_created_brin", "shardgate_credit_outbox_debited_brin"} {
 		if !strings.Contains(plan.String(), index) {
 			t.Errorf("the windowed check does not use %s:\n%s", index, plan.String())
 		}

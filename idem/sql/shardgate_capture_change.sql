@@ -2,10 +2,12 @@
 -- range this shard is copying to another shard while it still serves it (shardgate_range_move),
 -- with the id of the transaction that wrote it. A move's catch-up reads these to bring the new
 -- owner up to date. It runs once per statement, over the statement's rows (its transition
--- table): with no range being moved, that is one look at an empty table per statement.
--- Its triggers are defined here with it (below): idempotency records and ledger rows are only
--- ever inserted, owed credits are also updated (leased, deferred, settled). A statement trigger
--- on the partitioned idempotency_record sees the rows of every partition.
+-- table). Its triggers exist only while the shard lists a move: listing one creates them
+-- (shardgate_capture_start), and idem.DropIdleCapture drops them once none is left, because every
+-- insert into the three tables pays for them (the transition table, the call). Idempotency
+-- records and ledger rows are only ever inserted, owed credits are also updated (leased,
+-- deferred, settled). A statement trigger on the partitioned idempotency_record sees the rows of
+-- every partition.
 CREATE OR REPLACE FUNCTION shardgate_capture_change() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
@@ -28,29 +30,3 @@ BEGIN
     RETURN NULL;
 END
 $fn$;
-
--- The triggers are created once, when missing: re-applying this file replaces the function and
--- takes no lock on the tables. Creating them takes each table's SHARE ROW EXCLUSIVE lock for a
--- moment, in the order a transfer takes its tables' locks, so the two never wait on each other
--- in a cycle.
-DO $do$
-BEGIN
-    IF (SELECT count(*) FROM pg_trigger
-         WHERE tgname LIKE 'shardgate_capture_change%' AND tgparentid = 0
-           AND tgrelid IN ('idempotency_record'::regclass, 'ledger_entries'::regclass, 'shardgate_credit_outbox'::regclass)) < 4 THEN
-        LOCK TABLE ledger_entries, idempotency_record, shardgate_credit_outbox IN SHARE ROW EXCLUSIVE MODE;
-        CREATE OR REPLACE TRIGGER shardgate_capture_change AFTER INSERT ON ledger_entries
-            REFERENCING NEW TABLE AS shardgate_new_rows
-            FOR EACH STATEMENT EXECUTE FUNCTION shardgate_capture_change('ledger');
-        CREATE OR REPLACE TRIGGER shardgate_capture_change AFTER INSERT ON idempotency_record
-            REFERENCING NEW TABLE AS shardgate_new_rows
-            FOR EACH STATEMENT EXECUTE FUNCTION shardgate_capture_change('record');
-        CREATE OR REPLACE TRIGGER shardgate_capture_change AFTER INSERT ON shardgate_credit_outbox
-            REFERENCING NEW TABLE AS shardgate_new_rows
-            FOR EACH STATEMENT EXECUTE FUNCTION shardgate_capture_change('outbox');
-        CREATE OR REPLACE TRIGGER shardgate_capture_change_update AFTER UPDATE ON shardgate_credit_outbox
-            REFERENCING NEW TABLE AS shardgate_new_rows
-            FOR EACH STATEMENT EXECUTE FUNCTION shardgate_capture_change('outbox');
-    END IF;
-END
-$do$;

@@ -1,0 +1,13 @@
+-- 0012: the reconcile window's indexes by time (0010) as BRIN instead of btree. The ledger and
+-- the owed credits are written in time order, so the smallest and largest created_at
+-- (debited_at) of each range of 32 pages narrow a recent window down to the few ranges that hold
+-- it, and keeping them costs an insert next to nothing, where a btree cost every insert a
+-- descent and a leaf page in WAL. autosummarize has a filled range summarized without waiting
+-- for a vacuum; ranges not yet summarized are read whole, and they are the newest. Each BRIN index is built online before its btree is dropped online (DROP INDEX
+-- CONCURRENTLY, outside any transaction), so the window never lacks an index; routers of the
+-- previous release read through whichever the planner finds.
+--
+-- shardgate: online-index ledger_entries_created_brin ON ledger_entries USING brin (created_at) WITH (pages_per_range = 32, autosummarize = on)
+-- shardgate: online-index shardgate_credit_outbox_debited_brin ON shardgate_credit_outbox USING brin (debited_at) WITH (pages_per_range = 32, autosummarize = on)
+-- shardgate: online-drop-index ledger_entries_created_idx
+-- shardgate: online-drop-index shardgate_credit_outbox_debited_idx
