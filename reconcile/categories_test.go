@@ -45,7 +45,7 @@ func newBank(t *testing.T) *bank {
 		t.Fatal(err)
 	}
 	t.Cleanup(b.topo.Close)
-	b.relay = relay.New(cfg, fixedTopology{b.topo}, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	b.relay = relay.New(cfg, relay.NewOwner(), fixedTopology{b.topo}, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
 	return b
 }
 
