@@ -224,12 +224,12 @@ func readRows(ctx context.Context, src *pgxpool.Pool, query string, args []any, 
 // int8At decodes a bigint in binary format.
 func int8At(v []byte) int64 { return int64(binary.BigEndian.Uint64(v)) }
 
-// copyInto copies the rows query returns from src to dst in one transaction (writeRows), and
-// passes each row's place to onRow unless it is nil. done is as writeRows's. An error names the
-// shard it came from: mv.From for reading the rows, mv.To for the rest.
+// copyInto copies the rows query returns from src to dst in one transaction (writeRows). done
+// is as writeRows's. An error names the shard it came from: mv.From for reading the rows, mv.To
+// for the rest.
 func copyInto(ctx context.Context, src, dst *pgxpool.Pool, mv *MoveReport, r shardmap.KeyRange, table, cols, query string, args []any,
-	onRow func([][]byte) cursor, insert func(ctx context.Context, tx pgx.Tx, rows int) error) (done bool, err error) {
-	b, err := readRows(ctx, src, query, args, onRow)
+	insert func(ctx context.Context, tx pgx.Tx, rows int) error) (done bool, err error) {
+	b, err := readRows(ctx, src, query, args, nil)
 	if err != nil {
 		if ctx.Err() == nil {
 			err = fmt.Errorf("shard %s: %w", mv.From, err)
