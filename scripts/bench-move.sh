@@ -3,7 +3,7 @@
 #
 #   scripts/bench-move.sh [-c CLIENTS] [-r RATE] [S ...]      (default S: 10000 100000)
 #
-# For each S it starts two shards on local PostgreSQL processes (internal/localpg), seeds S
+# For each S it starts two shards (databases of a local PostgreSQL server, internal/localpg), seeds S
 # transfers into the range 40-80 of the first through the transfer functions (the rows a router
 # writes: records, debits, credits in the range, and an owed credit for one in ten), and starts
 # a router (buffering at its defaults) over the two shards, serving HTTP from a map file. CLIENTS
