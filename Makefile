@@ -92,8 +92,9 @@ bench-compare-smoke:
 	./scripts/bench-compare.sh -r 1 -d 1 -c 1,8 -a 3 HEAD
 
 ## bench-move: move a key range of S transfers (SIZES, default 10000 100000) between two local
-## shards under load (8 clients at 50 transfers/s), printing apply time, rows/s, the moving and
-## other ranges' longest time without a transfer and p99, then checking every row
+## shards under load through a router (8 HTTP clients at 50 transfers/s), printing apply time,
+## rows/s, the moving and other ranges' longest time without a 201, their non-201 answers and
+## p99, then checking every row
 ## (scripts/bench-move.sh takes -c and -r)
 bench-move: deps
 	./scripts/bench-move.sh $(SIZES)

@@ -1,195 +1,360 @@
 package rangemove
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/internal/testkit"
 	"github.com/shardgate/shardgate/partition"
+	"github.com/shardgate/shardgate/router"
+	"github.com/shardgate/shardgate/shardmap"
+	"github.com/shardgate/shardgate/topology"
+)
+
+// The bench's maps: range 40-80 moves from sa to sb. It is a range of its own in both, as an
+// operator splits a range before moving part of it: a router holds the requests of the range
+// its map names, so a move of part of a range would hold the rest with it.
+const (
+	benchMapBefore = "sa=-40,40-80 sb=80-"
+	benchMapAfter  = "sa=-40 sb=40-80,80-"
 )
 
 // TestBenchMove is the range-move benchmark (scripts/bench-move.sh, `make bench-move`), run only
 // when SHARDGATE_BENCH_MOVE is set to the number of transfers S to seed: S transfers into the
 // range 40-80 of shard sa (nine in ten credit an account of the same range, one in ten an
-// account of sb, whose credit is owed), written by the transfer functions as the router writes
-// them. Then SHARDGATE_BENCH_MOVE_CLIENTS clients (8 unless set), each posting
-// SHARDGATE_BENCH_MOVE_RATE transfers a second at most (50 unless set), post new transfers, half into
-// 40-80 and half into -40, each to the shard that owns its account (a client that finds no owner
-// — the fence — asks again after 5 ms with the same key), while 40-80 moves to sb. It prints the
-// apply time and rate, and for the moving range and the other range the longest time without
-// an applied transfer, the refusals, and p99 latency before and during the move; then it checks
-// every row: each acknowledged key has one record, one debit and its credit (or owed credit),
-// all on the shard that owns it, and no row is left on the old owner.
+// account of 80- on sb, whose credit is owed), with the rows a router writes for them. A
+// router (buffering at its defaults) serves the two shards over HTTP from a map file, and
+// SHARDGATE_BENCH_MOVE_CLIENTS clients (8 unless set), each posting at most
+// SHARDGATE_BENCH_MOVE_RATE transfers a second (50 unless set), half from accounts of 40-80
+// and half from -40, retry a 503 after 50 ms with the same key, while 40-80 moves to sb. The
+// apply puts the new map file in place once the range is fenced, as `apply --map` does; the
+// router finds it through the refusal of the old owner. It prints the apply time and rate,
+// for each range the longest time without a 201, the answers that were not 201, and p99
+// latency (first send to 201) before and during the move, and the router's buffering; then
+// it checks every row (checkMoved).
 func TestBenchMove(t *testing.T) {
 	size, _ := strconv.Atoi(os.Getenv("SHARDGATE_BENCH_MOVE"))
 	if size <= 0 {
 		t.Skip("set SHARDGATE_BENCH_MOVE to the number of transfers to seed")
 	}
-	clients, rate := 8, 50
-	if n, err := strconv.Atoi(os.Getenv("SHARDGATE_BENCH_MOVE_CLIENTS")); err == nil {
-		clients = n
-	}
-	if n, err := strconv.Atoi(os.Getenv("SHARDGATE_BENCH_MOVE_RATE")); err == nil && n > 0 {
-		rate = n
-	}
-	pace := time.Second / time.Duration(rate)
+	clients, rate := envInt("SHARDGATE_BENCH_MOVE_CLIENTS", 8), max(envInt("SHARDGATE_BENCH_MOVE_RATE", 50), 1)
 	ctx := context.Background()
 	c := newCluster(t, "sa", "sb")
-	c.mustApply(c.mapOf(1, "sa=-80 sb=80-"))
+	mapPath := filepath.Join(t.TempDir(), "shardmap.yaml")
+	dsn := func(name string) string { return c.pool(name).Config().ConnString() }
+	c.mustApply(testkit.WriteShardMap(t, mapPath, 1, benchMapBefore, dsn))
+	acc := benchAccounts(t)
+	seeded := seedMoving(t, c, acc, size)
 
+	rt, reg := benchRouter(t, mapPath)
+	srv := httptest.NewServer(rt)
+	defer srv.Close()
+	load := startLoad(srv.URL, acc, clients, rate)
+	if clients > 0 {
+		time.Sleep(warmUp + beforeMove)
+	}
+	moveStart := time.Now()
+	var lastReport, granted time.Time
+	moves, err := Apply(ctx, testkit.ShardMap(t, 2, benchMapAfter, dsn), c.pool, Options{Interval: partition.Daily,
+		OnFenced: func() error { testkit.WriteShardMap(t, mapPath, 2, benchMapAfter, dsn); return nil },
+		Progress: func(p Progress) {
+			if p.Phase == PhaseGranted {
+				granted = time.Now()
+			}
+			if p.Phase != PhaseCopying && p.Phase != PhaseCatchingUp || time.Since(lastReport) > 5*time.Second {
+				lastReport = time.Now()
+				fmt.Printf("  %s\n", FormatProgress(p))
+			}
+		}})
+	moveEnd := time.Now()
+	if clients > 0 {
+		time.Sleep(time.Second)
+	}
+	load.stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if load.err != nil {
+		t.Fatal(load.err)
+	}
+	mv := moves[0]
+	rows := mv.Records + mv.Ledger + mv.Credits
+	fmt.Printf("bench-move S=%d clients=%d×%d/s: apply %v: granted after %v (%d rows copied: %d records, %d ledger rows, %d owed credits; %.0f rows/s), moved rows deleted from the old owner in %v\n",
+		size, clients, rate, moveEnd.Sub(moveStart).Round(time.Millisecond), granted.Sub(moveStart).Round(time.Millisecond), rows, mv.Records, mv.Ledger, mv.Credits,
+		float64(rows)/granted.Sub(moveStart).Seconds(), moveEnd.Sub(granted).Round(time.Millisecond))
+	load.report(moveStart, moveEnd)
+	fmt.Printf("  router buffering: %s\n", bufferSummary(t, reg))
+	checkMoved(t, c, mapPath, size, seeded, load.acked)
+}
+
+func envInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n >= 0 {
+		return n
+	}
+	return def
+}
+
+// benchAccounts returns accounts whose keyspace ids lie in each of the bench's ranges, by range.
+func benchAccounts(t *testing.T) map[string][]int64 {
+	t.Helper()
+	const per = 4096
+	out := map[string][]int64{}
+	ranges := map[string]shardmap.KeyRange{}
+	for _, s := range []string{"-40", "40-80", "80-"} {
+		ranges[s] = mustRange(t, s)
+	}
+	for a := int64(1); len(out["-40"]) < per || len(out["40-80"]) < per || len(out["80-"]) < per; a++ {
+		for s, r := range ranges {
+			if r.Contains(shardmap.KeyspaceID(a)) && len(out[s]) < per {
+				out[s] = append(out[s], a)
+			}
+		}
+	}
+	return out
+}
+
+// benchInput is transfer i of a client posting from range from: to an account of the same
+// range, or for one in ten of those from 40-80 (away), of 80-, whose credit sb owes.
+func benchInput(acc map[string][]int64, from string, i int) router.TransferInput {
+	r := rand.New(rand.NewPCG(uint64(i), 7))
+	n := len(acc[from])
+	j := r.IntN(n)
+	src, dst := acc[from][j], acc[from][(j+1+r.IntN(n-1))%n] // never the same account
+	if from == "40-80" && i%10 == 0 {
+		dst = acc["80-"][r.IntN(len(acc["80-"]))]
+	}
+	return router.TransferInput{Src: src, Dst: dst, Amount: 100, Currency: "EUR"}
+}
+
+// routerTransfer is what a router without auth sends its shard for in with key: the rows a
+// router writes, written here without one to seed the range fast.
+func routerTransfer(key string, in router.TransferInput) idem.TransferRequest {
+	scope := config.AnonymousClient + ":transfer"
+	ks := shardmap.KeyspaceID(in.Src)
+	id := router.TransferID(ks, scope, key)
+	return idem.TransferRequest{
+		Scope: scope, Key: key, RequestHash: router.Fingerprint(http.MethodPost, "/transfers", in),
+		KeyspaceID: ks, DstKeyspaceID: shardmap.KeyspaceID(in.Dst), TransferID: id, Client: config.AnonymousClient,
+		Src: in.Src, Dst: in.Dst, Amount: in.Amount, Currency: in.Currency, Retention: 720 * time.Hour,
+		Response: idem.Response{Status: http.StatusCreated,
+			Headers: map[string]string{"Content-Type": "application/json", "Location": "/transfers/" + id},
+			Body:    fmt.Sprintf(`{"id":%q,"src":%d,"dst":%d,"amount":%d,"currency":%q}`+"\n", id, in.Src, in.Dst, in.Amount, in.Currency)},
+	}
+}
+
+// seededKey is a transfer seeded into the moving range.
+type seededKey struct {
+	key string
+	in  router.TransferInput
+}
+
+// seedMoving applies size transfers from accounts of 40-80 on sa, in batches from two
+// workers, and returns every hundredth of them.
+func seedMoving(t *testing.T, c *cluster, acc map[string][]int64, size int) []seededKey {
+	t.Helper()
 	start := time.Now()
-	var seeded atomic.Int64
-	var wg sync.WaitGroup
-	const group = 200
+	var (
+		mu     sync.Mutex
+		sample []seededKey
+		wg     sync.WaitGroup
+	)
+	const group = 500
 	for w := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := w * group; i < size; i += 2 * group {
 				var reqs []idem.TransferRequest
 				for j := i; j < min(i+group, size); j++ {
-					reqs = append(reqs, benchTransfer(j, true, j%10 == 0))
+					s := seededKey{key: uuid.Must(uuid.NewV7()).String(), in: benchInput(acc, "40-80", j)}
+					reqs = append(reqs, routerTransfer(s.key, s.in))
+					if j%100 == 0 {
+						mu.Lock()
+						sample = append(sample, s)
+						mu.Unlock()
+					}
 				}
-				res, err := idem.TransferBatch(ctx, c.pool("sa"), reqs)
+				res, err := idem.TransferBatch(context.Background(), c.pool("sa"), reqs)
 				if err != nil {
 					t.Error(err)
 					return
 				}
-				for _, r := range res {
-					if r.Outcome != idem.Applied {
-						t.Errorf("seed: %v", r.Outcome)
-						return
-					}
+				if i := slices.IndexFunc(res, func(r idem.TransferResult) bool { return r.Outcome != idem.Applied }); i >= 0 {
+					t.Errorf("seed: %v", res[i].Outcome)
+					return
 				}
-				seeded.Add(int64(len(reqs)))
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if t.Failed() {
 		t.FailNow()
 	}
-	t.Logf("seeded %d transfers into 40-80 in %v", seeded.Load(), time.Since(start).Round(time.Millisecond))
+	t.Logf("seeded %d transfers into 40-80 in %v", size, time.Since(start).Round(time.Millisecond))
+	return sample
+}
 
-	// Load: each client posts transfers one after another, to the owner of its range.
-	type sample struct {
-		at      time.Time
-		latency time.Duration
-	}
-	var (
-		mu        sync.Mutex
-		samples   = map[bool][]sample{} // by moving range
-		refusals  = map[bool]int{}
-		acked     = map[string]idem.TransferRequest{}
-		stop      atomic.Bool
-		loadWG    sync.WaitGroup
-		nextIndex atomic.Int64
-	)
-	nextIndex.Store(int64(size))
-	owner := func(moving bool) []*pgxpool.Pool {
-		if moving {
-			return []*pgxpool.Pool{c.pool("sa"), c.pool("sb")}
-		}
-		return []*pgxpool.Pool{c.pool("sa")}
-	}
-	for w := range clients {
-		moving := w%2 == 0
-		loadWG.Add(1)
-		go func() {
-			defer loadWG.Done()
-			next := time.Now()
-			for !stop.Load() {
-				if d := time.Until(next); d > 0 {
-					time.Sleep(d)
-				}
-				next = next.Add(pace)
-				req := benchTransfer(int(nextIndex.Add(1)), moving, false)
-				begin := time.Now()
-				for !stop.Load() {
-					applied := false
-					for _, p := range owner(moving) {
-						res, err := idem.Transfer(ctx, p, req)
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						if res.Outcome == idem.Applied || res.Outcome == idem.Replayed {
-							applied = true
-							break
-						}
-						if res.Outcome != idem.NotOwner {
-							t.Errorf("load: %v", res.Outcome)
-							return
-						}
-					}
-					if applied {
-						mu.Lock()
-						samples[moving] = append(samples[moving], sample{time.Now(), time.Since(begin)})
-						acked[req.Key] = req
-						mu.Unlock()
-						break
-					}
-					mu.Lock()
-					refusals[moving]++
-					mu.Unlock()
-					time.Sleep(5 * time.Millisecond)
-				}
-			}
-		}()
-	}
-	if clients > 0 {
-		time.Sleep(2 * time.Second)
-	}
-	moveStart := time.Now()
-	var lastReport, granted time.Time
-	moves, err := Apply(ctx, c.mapOf(2, "sa=-40 sb=40-"), c.pool, Options{Interval: partition.Daily, Progress: func(p Progress) {
-		if p.Phase == PhaseGranted {
-			granted = time.Now()
-		}
-		if p.Phase != PhaseCopying && p.Phase != PhaseCatchingUp || time.Since(lastReport) > time.Second {
-			lastReport = time.Now()
-			fmt.Printf("  %s\n", FormatProgress(p))
-		}
-	}})
-	moveEnd := time.Now()
-	if clients > 0 {
-		time.Sleep(time.Second)
-	}
-	stop.Store(true)
-	loadWG.Wait()
+// benchRouter is a router without auth over the map file at mapPath, and its registry.
+func benchRouter(t *testing.T, mapPath string) (*router.Server, *prometheus.Registry) {
+	t.Helper()
+	cfg, err := config.Parse(filepath.Join(filepath.Dir(mapPath), "router.yaml"), []byte("shardmap: "+mapPath+"\nauth:\n  mode: none\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rows int64
-	for _, mv := range moves {
-		rows += mv.Records + mv.Ledger + mv.Credits
+	m, err := shardmap.Load(mapPath)
+	if err != nil {
+		t.Fatal(err)
 	}
-	took := moveEnd.Sub(moveStart)
-	moved := granted.Sub(moveStart)
-	fmt.Printf("bench-move S=%d clients=%d×%d/s: apply %v: granted after %v (%d rows copied: %d records, %d ledger rows, %d owed credits; %.0f rows/s), moved rows deleted from the old owner in %v\n",
-		size, clients, rate, took.Round(time.Millisecond), moved.Round(time.Millisecond), rows, moves[0].Records, moves[0].Ledger, moves[0].Credits,
-		float64(rows)/moved.Seconds(), moveEnd.Sub(granted).Round(time.Millisecond))
+	topo, err := topology.Open(m, nil, cfg.ShardPool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	rt := router.New(cfg, topo, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), reg)
+	t.Cleanup(func() { rt.Topology().Close() })
+	return rt, reg
+}
+
+// benchLoad is the clients posting transfers to the router while the range moves.
+type benchLoad struct {
+	halt atomic.Bool
+	wg   sync.WaitGroup
+
+	mu       sync.Mutex
+	samples  map[bool][]sample // 201s, by whether from the moving range
+	non201   map[bool]int      // answers other than 201 (503s, retried), by the same
+	replayed int               // 201s that replayed an earlier attempt of their key
+	acked    []ackedKey
+	err      error
+}
+
+// The load runs warmUp (new connections, the router's first groups), then the beforeMove
+// whose latency the move's is compared with, before the move begins.
+const (
+	warmUp     = 2 * time.Second
+	beforeMove = 3 * time.Second
+)
+
+// sample is a 201: when it came, and how long after its key was first sent.
+type sample struct {
+	at      time.Time
+	latency time.Duration
+}
+
+// ackedKey is a transfer the router answered 201, with the body it answered.
+type ackedKey struct {
+	seededKey
+	moving bool
+	body   string
+}
+
+// startLoad starts clients posting to the router at url, each at most rate transfers a second,
+// every other one from the moving range.
+func startLoad(url string, acc map[string][]int64, clients, rate int) *benchLoad {
+	l := &benchLoad{samples: map[bool][]sample{}, non201: map[bool]int{}}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
+	var next atomic.Int64
+	pace := time.Second / time.Duration(rate)
+	for w := range clients {
+		moving := w%2 == 0
+		from := map[bool]string{true: "40-80", false: "-40"}[moving]
+		l.wg.Go(func() {
+			for tick := time.Now(); !l.halt.Load(); tick = tick.Add(pace) {
+				time.Sleep(time.Until(tick))
+				k := seededKey{key: uuid.Must(uuid.NewV7()).String(), in: benchInput(acc, from, int(next.Add(1)))}
+				if err := l.post(client, url, k, moving); err != nil {
+					l.mu.Lock()
+					l.err = err
+					l.mu.Unlock()
+					return
+				}
+			}
+		})
+	}
+	return l
+}
+
+// post sends k until it is answered 201, again after 50 ms with the same key for each 503.
+func (l *benchLoad) post(client *http.Client, url string, k seededKey, moving bool) error {
+	body, err := json.Marshal(k.in)
+	if err != nil {
+		return err
+	}
+	begin := time.Now()
+	for time.Since(begin) < time.Minute {
+		req, err := http.NewRequest(http.MethodPost, url+"/transfers", bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Idempotency-Key", k.key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close() //nolint:errcheck // read to its end already
+		if err != nil {
+			return err
+		}
+		switch resp.StatusCode {
+		case http.StatusCreated:
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.samples[moving] = append(l.samples[moving], sample{time.Now(), time.Since(begin)})
+			l.acked = append(l.acked, ackedKey{k, moving, string(got)})
+			if resp.Header.Get("Idempotent-Replayed") != "" {
+				l.replayed++
+			}
+			return nil
+		case http.StatusServiceUnavailable:
+			l.mu.Lock()
+			l.non201[moving]++
+			l.mu.Unlock()
+			time.Sleep(50 * time.Millisecond)
+		default:
+			return fmt.Errorf("key %s: %d %s", k.key, resp.StatusCode, got)
+		}
+	}
+	return fmt.Errorf("key %s: no 201 in a minute", k.key)
+}
+
+// stop stops the clients once their transfers in flight are answered.
+func (l *benchLoad) stop() {
+	l.halt.Store(true)
+	l.wg.Wait()
+}
+
+// report prints, for the moving range and the other one, the 201s during the move, the
+// longest time without one, the answers that were not 201 over the whole run, and p99
+// latency during the move and before it.
+func (l *benchLoad) report(moveStart, moveEnd time.Time) {
 	for _, moving := range []bool{true, false} {
 		name := map[bool]string{true: "moving range 40-80", false: "other range -40"}[moving]
-		ss := samples[moving]
-		if len(ss) == 0 {
-			continue
-		}
 		var before, during []time.Duration
 		gap, last := time.Duration(0), moveStart
-		for _, s := range ss {
+		for _, s := range l.samples[moving] {
 			switch {
+			case s.at.Before(moveStart.Add(-beforeMove)):
 			case s.at.Before(moveStart):
 				before = append(before, s.latency)
 			case !s.at.After(moveEnd):
@@ -199,45 +364,139 @@ func TestBenchMove(t *testing.T) {
 			}
 		}
 		gap = max(gap, moveEnd.Sub(last))
-		fmt.Printf("  %s: during the move %d applied, longest time without one %v, %d refusals (no owner), p99 %v (before the move %v)\n",
-			name, len(during), gap.Round(time.Millisecond), refusals[moving], p99(during).Round(time.Microsecond), p99(before).Round(time.Microsecond))
+		fmt.Printf("  %s: during the move %d answered 201, longest time without one %v, %d answers not 201, p99 %v (before the move %v)\n",
+			name, len(during), gap.Round(time.Millisecond), l.non201[moving], p99(during).Round(time.Microsecond), p99(before).Round(time.Microsecond))
 	}
-
-	// Every row, on the shard that owns it.
-	for key, req := range acked {
-		res, err := idem.Transfer(ctx, c.pool(map[bool]string{true: "sb", false: "sa"}[req.KeyspaceID>>62 == 1]), req)
-		if err != nil || res.Outcome != idem.Replayed {
-			t.Fatalf("retry of %s on its owner: %v %v, want replayed", key, res.Outcome, err)
-		}
-	}
-	var n int
-	for shard, q := range map[string]string{
-		"sb": `SELECT count(*) FROM idempotency_record r
-			WHERE (SELECT count(*) FROM ledger_entries l WHERE l.transfer_id = 't-' || r.key) <> 2 - (SELECT count(*) FROM shardgate_credit_outbox o WHERE o.transfer_id = 't-' || r.key)`,
-		"sa": `SELECT (SELECT count(*) FROM idempotency_record WHERE keyspace_id >= 0 - 4611686018427387904 AND keyspace_id < 0)
-			+ (SELECT count(*) FROM ledger_entries WHERE keyspace_id >= 0 - 4611686018427387904 AND keyspace_id < 0)`,
-	} {
-		if err := c.pool(shard).QueryRow(ctx, q).Scan(&n); err != nil || n != 0 {
-			t.Errorf("%s: %d rows out of place (%v)", shard, n, err)
-		}
-	}
-	var records int
-	if err := c.pool("sb").QueryRow(ctx, "SELECT count(*) FROM idempotency_record").Scan(&records); err != nil {
-		t.Fatal(err)
-	}
-	want := size
-	for _, req := range acked {
-		if req.KeyspaceID>>62 == 1 {
-			want++
-		}
-	}
-	if records != want {
-		t.Errorf("sb holds %d records, want %d (seeded and acknowledged in 40-80)", records, want)
+	if l.replayed > 0 {
+		fmt.Printf("  %d 201s replayed an earlier attempt of their key\n", l.replayed)
 	}
 }
 
-// benchTransfer is transfer i: from an account in 40-80 (moving) or in -40, to one in 40-80, or
-// in 80- (owed: on sb) when away.
+// bufferSummary says how the router's holdings of requests for a moving range ended, and how
+// long they waited.
+func bufferSummary(t *testing.T, reg *prometheus.Registry) string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parts []string
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "shardgate_buffered_requests_total":
+			for _, m := range mf.GetMetric() {
+				parts = append(parts, fmt.Sprintf("%s %.0f", m.GetLabel()[0].GetValue(), m.GetCounter().GetValue()))
+			}
+		case "shardgate_buffered_wait_seconds":
+			h := mf.GetMetric()[0].GetHistogram()
+			most := "0s"
+			for _, b := range h.GetBucket() {
+				if b.GetCumulativeCount() == h.GetSampleCount() {
+					most = fmt.Sprintf("%gs", b.GetUpperBound())
+					break
+				}
+			}
+			parts = append(parts, fmt.Sprintf("%d held, %.3fs in all, each at most %s", h.GetSampleCount(), h.GetSampleSum(), most))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// checkMoved checks every row after the move. A new router on the map file now answers each
+// acknowledged key and one in a hundred seeded ones with a replay of its 201, byte for byte
+// (and the router wrote exactly the rows that routerTransfer seeds). On each shard every
+// record's transfer has one debit and its credit (or owed credit) there, and no debit lacks
+// its record; sa keeps no row of 40-80, and sb holds a record for each key of 40-80.
+func checkMoved(t *testing.T, c *cluster, mapPath string, size int, seeded []seededKey, acked []ackedKey) {
+	t.Helper()
+	rt, _ := benchRouter(t, mapPath)
+	want := map[seededKey]string{}
+	moving := size
+	for _, a := range acked {
+		want[a.seededKey] = a.body
+		if body := routerTransfer(a.key, a.in).Response.Body; body != a.body {
+			t.Fatalf("the router answered %q, the seed writes %q", a.body, body)
+		}
+		if a.moving {
+			moving++
+		}
+	}
+	for _, s := range seeded {
+		want[s] = routerTransfer(s.key, s.in).Response.Body
+	}
+	replayAll(t, rt, want)
+	checkRows(t, c, moving)
+}
+
+// replayAll posts every key of want to rt, from four clients at once, and checks each is
+// answered with a replay of its body.
+func replayAll(t *testing.T, rt *router.Server, want map[seededKey]string) {
+	t.Helper()
+	keys := make(chan seededKey)
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for k := range keys {
+				in, err := json.Marshal(k.in)
+				if err != nil {
+					panic(err) // four integers and a currency code
+				}
+				req := httptest.NewRequest(http.MethodPost, "/transfers", bytes.NewReader(in))
+				req.Header.Set("Idempotency-Key", k.key)
+				req.Header.Set("Content-Type", "application/json")
+				rec := httptest.NewRecorder()
+				rt.ServeHTTP(rec, req)
+				if rec.Code != http.StatusCreated || rec.Header().Get("Idempotent-Replayed") == "" || rec.Body.String() != want[k] {
+					if failed.Add(1) <= 10 {
+						t.Errorf("retry of %s after the move: %d %s (replayed %q), want a replay of %s", k.key, rec.Code, rec.Body, rec.Header().Get("Idempotent-Replayed"), want[k])
+					}
+				}
+			}
+		})
+	}
+	for k := range want {
+		keys <- k
+	}
+	close(keys)
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("%d of %d keys did not replay", n, len(want))
+	}
+}
+
+// checkRows checks the rows on each shard, as checkMoved says; sb must hold moving records.
+func checkRows(t *testing.T, c *cluster, moving int) {
+	t.Helper()
+	ctx := context.Background()
+	lo, hi := idem.Bounds(mustRange(t, "40-80"))
+	for _, shard := range []string{"sa", "sb"} {
+		var bad, debits, records, left int
+		err := c.pool(shard).QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM (SELECT (response->>'body')::jsonb->>'id' AS id FROM idempotency_record) r
+			  WHERE (SELECT count(*) FROM ledger_entries l WHERE l.transfer_id = r.id AND l.kind = 'transfer_out') <> 1
+			     OR (SELECT count(*) FROM ledger_entries l WHERE l.transfer_id = r.id AND l.kind = 'transfer_in')
+			      + (SELECT count(*) FROM shardgate_credit_outbox o WHERE o.transfer_id = r.id AND o.settled_at IS NULL) <> 1),
+			(SELECT count(*) FROM ledger_entries WHERE kind = 'transfer_out'),
+			(SELECT count(*) FROM idempotency_record),
+			(SELECT count(*) FROM idempotency_record WHERE `+inRange+`)
+			  + (SELECT count(*) FROM ledger_entries WHERE `+inRange+`) + (SELECT count(*) FROM shardgate_credit_outbox WHERE `+inRange+`)`,
+			lo, hi).Scan(&bad, &debits, &records, &left)
+		switch {
+		case err != nil:
+			t.Fatalf("%s: %v", shard, err)
+		case bad != 0 || debits != records:
+			t.Errorf("%s: %d records without one debit and its credit; %d debits for %d records", shard, bad, debits, records)
+		case shard == "sa" && left != 0:
+			t.Errorf("sa keeps %d rows of 40-80 after the move", left)
+		case shard == "sb" && records != moving:
+			t.Errorf("sb holds %d records, want %d (seeded and acknowledged in 40-80)", records, moving)
+		}
+	}
+}
+
+// benchTransfer is transfer i for the online tests: from an account in 40-80 (moving) or in
+// -40, to one in 40-80, or in 80- (owed: on sb) when away.
 func benchTransfer(i int, moving, away bool) idem.TransferRequest {
 	r := rand.New(rand.NewPCG(uint64(i), 7))
 	ks := r.Uint64() >> 2 // in -40
@@ -255,6 +514,15 @@ func benchTransfer(i int, moving, away bool) idem.TransferRequest {
 		Src: int64(i), Dst: int64(i + 1), Amount: 100, Currency: "EUR", Retention: 720 * time.Hour,
 		Response: idem.Response{Status: 201, Headers: map[string]string{"Content-Type": "application/json"}, Body: fmt.Sprintf(`{"id":"t-%s"}`, key)},
 	}
+}
+
+func mustRange(t *testing.T, s string) shardmap.KeyRange {
+	t.Helper()
+	r, err := shardmap.ParseKeyRange(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 func p99(ds []time.Duration) time.Duration {

@@ -333,7 +333,7 @@ func catchUpPass(ctx context.Context, src, dst *pgxpool.Pool, mv *MoveReport) (a
 			as[i], bs[i] = r[0], r[1]
 		}
 		q := fmt.Sprintf("SELECT %s FROM %s t JOIN unnest($3::text[], $4::text[]) AS c(a, b) ON %s WHERE %s", prefixed("t.", t.cols), t.table, t.match, "t."+inRange)
-		if _, err := copyInto(ctx, src, dst, mv, mv.Range, t.table, t.cols, q, []any{lo, hi, as, bs}, nil,
+		if _, err := copyInto(ctx, src, dst, mv, mv.Range, t.table, t.cols, q, []any{lo, hi, as, bs},
 			func(ctx context.Context, tx pgx.Tx, _ int) error { return t.insert(ctx, tx, mv) }); err != nil {
 			return 0, 0, err
 		}

@@ -190,9 +190,9 @@ func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // EstimateRate is the copy rate, in rows per second (records, ledger rows and owed credits),
-// that --dry-run estimates a move's time with: what the bulk copy managed on a 2-core machine
-// with load running, a conservative figure.
-const EstimateRate = 5000
+// that --dry-run estimates a move's time with: a conservative figure, below what the bulk copy
+// managed on a 2-core machine with load running (16,000 to 32,000 rows/s, docs/operations.md).
+const EstimateRate = 10000
 
 // Estimate is how long the bulk copy of mv (as Plan counted it) should take at EstimateRate.
 func Estimate(mv MoveReport) time.Duration {

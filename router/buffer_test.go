@@ -6,9 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -52,24 +50,7 @@ func newMoveCluster(t *testing.T) *moveCluster {
 // and owners as testkit.ShardMap takes them, and returns the map.
 func (c *moveCluster) writeMap(v int64, owners string) *shardmap.Map {
 	c.t.Helper()
-	var b strings.Builder
-	fmt.Fprintf(&b, "version: %d\nshards:\n", v)
-	m := testkit.ShardMap(c.t, v, owners, func(name string) string { return c.pools[name].Config().ConnString() })
-	for _, s := range m.Shards {
-		var rs []string
-		for _, r := range s.Ranges {
-			rs = append(rs, strconv.Quote(r.String()))
-		}
-		fmt.Fprintf(&b, "  - {name: %s, dsn: %s, ranges: [%s]}\n", s.Name, strconv.Quote(s.DSN), strings.Join(rs, ", "))
-	}
-	tmp := c.mapPath + ".tmp"
-	if err := os.WriteFile(tmp, []byte(b.String()), 0o600); err != nil {
-		c.t.Fatal(err)
-	}
-	if err := os.Rename(tmp, c.mapPath); err != nil {
-		c.t.Fatal(err)
-	}
-	return m
+	return testkit.WriteShardMap(c.t, c.mapPath, v, owners, func(name string) string { return c.pools[name].Config().ConnString() })
 }
 
 // fence starts the move to m: sa stops taking the range it gives up, as the first step of an

@@ -29,10 +29,17 @@ var (
 )
 
 // Main starts the server, runs the tests and stops it; call it from TestMain:
-// os.Exit(pgtest.Main(m)).
+// os.Exit(pgtest.Main(m)). SHARDGATE_PG_SETTINGS, if set, is server settings as space-separated
+// name=value pairs over localpg's defaults: a benchmark whose data outgrows the small test
+// server (shared_buffers=32MB) sizes it as a shard would be.
 func Main(m *testing.M) int {
+	settings, err := parseSettings(os.Getenv("SHARDGATE_PG_SETTINGS"))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "SHARDGATE_PG_SETTINGS: %v\n", err)
+		return 2
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	s, err := localpg.Start(ctx, localpg.Options{})
+	s, err := localpg.Start(ctx, localpg.Options{Settings: settings})
 	cancel()
 	if err != nil {
 		if os.Getenv("CI") != "" {
@@ -45,6 +52,19 @@ func Main(m *testing.M) int {
 	defer s.Close()
 	server = s
 	return m.Run()
+}
+
+// parseSettings reads space-separated name=value pairs.
+func parseSettings(s string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, f := range strings.Fields(s) {
+		name, value, ok := strings.Cut(f, "=")
+		if !ok || name == "" {
+			return nil, fmt.Errorf("%q is not name=value", f)
+		}
+		out[name] = value
+	}
+	return out, nil
 }
 
 // NewDB creates an empty database named after the test (and suffix, which tells several

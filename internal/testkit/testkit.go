@@ -6,6 +6,7 @@ package testkit
 import (
 	"bytes"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +22,29 @@ func UnusedDSN(string) string { return "host=unused" }
 // order (an empty range list owns nothing); dsn gives each shard's DSN.
 func ShardMap(t testing.TB, v int64, owners string, dsn func(shard string) string) *shardmap.Map {
 	t.Helper()
+	m, err := shardmap.Parse("shardmap.yaml", shardMapYAML(v, owners, dsn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// WriteShardMap writes the map ShardMap(t, v, owners, dsn) parses to path, by a rename as an
+// operator's tooling does (a router reloading it never reads half a file), and returns it.
+func WriteShardMap(t testing.TB, path string, v int64, owners string, dsn func(shard string) string) *shardmap.Map {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, shardMapYAML(v, owners, dsn), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	return ShardMap(t, v, owners, dsn)
+}
+
+// shardMapYAML is the map file of ShardMap's arguments.
+func shardMapYAML(v int64, owners string, dsn func(shard string) string) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "version: %d\nshards:\n", v)
 	for _, o := range strings.Fields(owners) {
@@ -33,11 +57,7 @@ func ShardMap(t testing.TB, v int64, owners string, dsn func(shard string) strin
 		}
 		fmt.Fprintf(&b, "  - {name: %s, dsn: %s, ranges: [%s]}\n", name, strconv.Quote(dsn(name)), strings.Join(quoted, ", "))
 	}
-	m, err := shardmap.Parse("shardmap.yaml", []byte(b.String()), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
+	return []byte(b.String())
 }
 
 // SyncBuffer is a bytes.Buffer that goroutines may write while a test reads it.
