@@ -12,13 +12,16 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/internal/localpg"
 	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/internal/testkit"
+	"github.com/shardgate/shardgate/shardmap"
 )
 
 // TestBankFailoverToSyncStandby is the bank run with one fault: shard-1 has a synchronous
@@ -33,20 +36,9 @@ func TestBankFailoverToSyncStandby(t *testing.T) {
 	defer cancel()
 	dir := t.TempDir()
 	password := "pw-" + rand.Text()
-	var (
-		primaries []*localpg.Server
-		dsns      []string
-	)
-	for range numShards {
-		p, err := localpg.Start(ctx, localpg.Options{Password: password})
-		if err != nil {
-			if os.Getenv("CI") == "" {
-				t.Skipf("PostgreSQL not available: %v", err)
-			}
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.Close() })
-		primaries = append(primaries, p)
+	primaries := startShards(ctx, t, password)
+	var dsns []string
+	for _, p := range primaries {
 		dsns = append(dsns, p.DSN())
 	}
 	standby, err := primaries[1].StartStandby(ctx, localpg.StandbyOptions{Sync: true, Name: "shard1_standby"})
@@ -56,36 +48,9 @@ func TestBankFailoverToSyncStandby(t *testing.T) {
 	t.Cleanup(func() { standby.Close() })
 
 	mapPath := filepath.Join(dir, "shardmap.yaml")
-	writeMap := func() {
-		t.Helper()
-		ranges := []string{`["-55"]`, `["55-aa"]`, `["aa-"]`}
-		var b strings.Builder
-		b.WriteString("version: 1\nshards:\n")
-		for i, dsn := range dsns {
-			fmt.Fprintf(&b, "  - name: shard-%d\n    dsn: %s\n    ranges: %s\n", i, dsn, ranges[i])
-		}
-		if err := os.WriteFile(mapPath+".tmp", []byte(b.String()), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(mapPath+".tmp", mapPath); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeMap := func() { writeBankMap(t, mapPath, 1, dsns, "-55", "55-aa", "aa-") }
 	writeMap()
-	sum := sha256.Sum256([]byte(bankToken))
-	routerYAML := "listen: 127.0.0.1:0\nshardmap: shardmap.yaml\nauth:\n  mode: tokens\n  clients:\n    - name: bank\n      token_sha256: " +
-		hex.EncodeToString(sum[:]) + "\n" + bankPool
-	cfgPath := filepath.Join(dir, "router.yaml")
-	if err := os.WriteFile(cfgPath, []byte(routerYAML), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, m, err := service.Load(cfgPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := service.Migrate(ctx, cfg, m, io.Discard); err != nil {
-		t.Fatal(err)
-	}
+	cfg, m := bankRouter(ctx, t, dir, bankPool)
 	var logs testkit.SyncBuffer
 	svc, err := service.New(cfg, m, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
@@ -139,4 +104,58 @@ func TestBankFailoverToSyncStandby(t *testing.T) {
 	if strings.Contains(logs.String(), password) {
 		t.Error("the router's log shows a shard's password")
 	}
+}
+
+// bankRouter writes dir/router.yaml for the bank's client, with poolYAML and the map file
+// dir/shardmap.yaml, loads both, and migrates the map's shards as `router migrate` does.
+func bankRouter(ctx context.Context, t *testing.T, dir, poolYAML string) (*config.Config, *shardmap.Map) {
+	t.Helper()
+	sum := sha256.Sum256([]byte(bankToken))
+	routerYAML := "listen: 127.0.0.1:0\nshardmap: shardmap.yaml\nauth:\n  mode: tokens\n  clients:\n    - name: bank\n      token_sha256: " +
+		hex.EncodeToString(sum[:]) + "\n" + poolYAML
+	cfgPath := filepath.Join(dir, "router.yaml")
+	if err := os.WriteFile(cfgPath, []byte(routerYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, m, err := service.Load(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := service.Migrate(ctx, cfg, m, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, m
+}
+
+// startShards starts numShards local PostgreSQL servers with password, each closed when t ends.
+// Outside CI a machine without PostgreSQL skips the test.
+func startShards(ctx context.Context, t *testing.T, password string) []*localpg.Server {
+	t.Helper()
+	var out []*localpg.Server
+	for range numShards {
+		p, err := localpg.Start(ctx, localpg.Options{Password: password})
+		if err != nil {
+			if os.Getenv("CI") == "" {
+				t.Skipf("PostgreSQL not available: %v", err)
+			}
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		out = append(out, p)
+	}
+	return out
+}
+
+// writeBankMap writes the map of version v to path, by a rename: shard-i at dsns[i], owning
+// ranges[i].
+func writeBankMap(t *testing.T, path string, v int64, dsns []string, ranges ...string) {
+	t.Helper()
+	owners := make([]string, len(dsns))
+	for i := range dsns {
+		owners[i] = fmt.Sprintf("shard-%d=%s", i, ranges[i])
+	}
+	testkit.WriteShardMap(t, path, v, strings.Join(owners, " "), func(name string) string {
+		i, _ := strconv.Atoi(strings.TrimPrefix(name, "shard-"))
+		return dsns[i]
+	})
 }

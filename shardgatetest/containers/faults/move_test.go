@@ -4,23 +4,17 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
-	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/shardgate/shardgate/internal/localpg"
 	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/internal/testkit"
 	"github.com/shardgate/shardgate/shardmap"
@@ -55,49 +49,17 @@ func TestBankRangeMove(t *testing.T) {
 	dir := t.TempDir()
 	password := "pw-" + rand.Text()
 	var dsns []string
-	for range numShards {
-		p, err := localpg.Start(ctx, localpg.Options{Password: password})
-		if err != nil {
-			if os.Getenv("CI") == "" {
-				t.Skipf("PostgreSQL not available: %v", err)
-			}
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.Close() })
+	for _, p := range startShards(ctx, t, password) {
 		dsns = append(dsns, p.DSN())
 	}
-	writeMap := func(path string, version int, ranges []string) {
-		t.Helper()
-		var b strings.Builder
-		fmt.Fprintf(&b, "version: %d\nshards:\n", version)
-		for i, dsn := range dsns {
-			fmt.Fprintf(&b, "  - name: shard-%d\n    dsn: %s\n    ranges: %s\n", i, dsn, ranges[i])
-		}
-		if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
 	mapPath, nextPath := filepath.Join(dir, "shardmap.yaml"), filepath.Join(dir, "shardmap-v2.yaml")
-	writeMap(mapPath, 1, []string{`["-55"]`, `["55-aa"]`, `["aa-"]`})
-	writeMap(nextPath, 2, []string{`["-55"]`, `["55-80"]`, `["80-"]`})
+	writeBankMap(t, mapPath, 1, dsns, "-55", "55-aa", "aa-")
+	writeBankMap(t, nextPath, 2, dsns, "-55", "55-80", "80-")
 	moving, err := shardmap.ParseKeyRange("80-aa")
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum := sha256.Sum256([]byte(bankToken))
-	routerYAML := "listen: 127.0.0.1:0\nshardmap: shardmap.yaml\nauth:\n  mode: tokens\n  clients:\n    - name: bank\n      token_sha256: " +
-		hex.EncodeToString(sum[:]) + "\n" + movePool
-	cfgPath := filepath.Join(dir, "router.yaml")
-	if err := os.WriteFile(cfgPath, []byte(routerYAML), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, m, err := service.Load(cfgPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := service.Migrate(ctx, cfg, m, io.Discard); err != nil {
-		t.Fatal(err)
-	}
+	cfg, m := bankRouter(ctx, t, dir, movePool)
 	next, err := shardmap.Load(nextPath)
 	if err != nil {
 		t.Fatal(err)
