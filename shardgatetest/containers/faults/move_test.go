@@ -11,10 +11,12 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/internal/service"
 	"github.com/shardgate/shardgate/internal/testkit"
 	"github.com/shardgate/shardgate/shardmap"
@@ -67,30 +69,7 @@ func TestBankRangeMove(t *testing.T) {
 
 	// Two routers, each with its relay; a front that sends each request to one or the other.
 	var logs testkit.SyncBuffer
-	var svcs []*service.Service
-	var targets []*url.URL
-	relayCtx, stopRelays := context.WithCancel(ctx)
-	relaysDone := make(chan struct{}, 2)
-	for range 2 {
-		svc, err := service.New(cfg, m, slog.New(slog.NewTextHandler(&logs, nil)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		go func() { svc.Relay.Run(relayCtx); relaysDone <- struct{}{} }()
-		hs := httptest.NewServer(svc.Router)
-		u, err := url.Parse(hs.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		svcs, targets = append(svcs, svc), append(targets, u)
-		defer func() { hs.Close(); svc.Close() }()
-	}
-	defer func() { stopRelays(); <-relaysDone; <-relaysDone }()
-	var turn atomic.Uint64
-	front := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
-		r.SetURL(targets[turn.Add(1)%2])
-	}})
-	defer front.Close()
+	svcs, front := twoRouters(ctx, t, cfg, m, &logs)
 
 	b := newBank(m)
 	httpc := &http.Client{Timeout: clientWait, Transport: &http.Transport{DisableKeepAlives: true}}
@@ -191,4 +170,37 @@ func TestBankRangeMove(t *testing.T) {
 	if strings.Contains(logs.String(), password) || strings.Contains(out.String(), password) {
 		t.Error("a router's log or the apply's output shows a shard's password")
 	}
+}
+
+// twoRouters serves two routers of cfg and m, each running its relay and logging to logs, behind
+// a front that sends each request to one or the other in turn. All of it stops when t ends.
+func twoRouters(ctx context.Context, t *testing.T, cfg *config.Config, m *shardmap.Map, logs *testkit.SyncBuffer) ([]*service.Service, *httptest.Server) {
+	t.Helper()
+	var (
+		svcs    []*service.Service
+		targets []*url.URL
+	)
+	relayCtx, stopRelays := context.WithCancel(ctx)
+	var relays sync.WaitGroup
+	for range 2 {
+		svc, err := service.New(cfg, m, slog.New(slog.NewTextHandler(logs, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		relays.Go(func() { svc.Relay.Run(relayCtx) })
+		hs := httptest.NewServer(svc.Router)
+		t.Cleanup(func() { hs.Close(); svc.Close() })
+		u, err := url.Parse(hs.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		svcs, targets = append(svcs, svc), append(targets, u)
+	}
+	t.Cleanup(func() { stopRelays(); relays.Wait() }) // before the routers close: cleanups run last first
+	var turn atomic.Uint64
+	front := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(targets[turn.Add(1)%2])
+	}})
+	t.Cleanup(front.Close)
+	return svcs, front
 }
