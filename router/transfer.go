@@ -232,7 +232,7 @@ func (s *Server) transferAt(ctx context.Context, topo *topology.Topology, shard 
 	}
 	if err == nil {
 		s.replays.remember(shard.Name, req, res)
-		if res.Outcome == idem.Applied && !res.CreditSettled && s.owed != nil {
+		if s.owed != nil && owesCredit(topo, shard, req, res) {
 			s.owed(shard.Name, req)
 		}
 	}
@@ -242,6 +242,22 @@ func (s *Server) transferAt(ctx context.Context, topo *topology.Topology, shard 
 	}
 	s.metrics.shardTime.WithLabelValues(shard.Name, outcome).Observe(time.Since(start).Seconds())
 	return shard.Name, res, err
+}
+
+// owesCredit reports whether res, shard's answer to the debit req, may leave a credit owed that
+// this router is to deliver: a debit applied with its credit owed, or one replayed from the
+// shard whose destination another shard owns. The latter is a retry after an answer that never
+// came (a timeout, a failover): the first attempt's owed credit, leased to this router, was
+// never handed off. Delivering it again replays on the destination, so nothing is credited twice.
+func owesCredit(topo *topology.Topology, shard *shardmap.Shard, req idem.TransferRequest, res idem.TransferResult) bool {
+	switch res.Outcome {
+	case idem.Applied:
+		return !res.CreditSettled
+	case idem.Replayed:
+		dst, _ := topo.Map.ShardFor(req.DstKeyspaceID)
+		return dst.Name != shard.Name
+	}
+	return false
 }
 
 // needsConfirm reports the outcomes that answer from a record the shard already held, which

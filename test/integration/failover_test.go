@@ -334,6 +334,7 @@ func (c *foCluster) sums(pools []*pgxpool.Pool) (out, in int64) {
 
 // relayAll runs relay passes until one settles nothing.
 func (c *foCluster) relayAll() {
+	c.svc.Relay.Wait() // the credits the router handed off
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for c.svc.Relay.Pass(ctx) > 0 {
