@@ -6,9 +6,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -136,8 +138,15 @@ func (t *tableCopy) readBatch(ctx context.Context, src *pgxpool.Pool, r shardmap
 // part of r (see writeRows).
 //
 // The next batch is read from src while this one is written to dst: the two shards work at
-// once, and a batch costs the slower of its read and its write rather than their sum.
-func (t *tableCopy) copyAll(parent context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, c *cursor, mv *MoveReport, after func(n int, last cursor) error) (done bool, err error) {
+// once, and a batch costs the slower of its read and its write rather than their sum. With a
+// pace above 0, each batch is followed by a pause pace times as long as the batch took, from
+// the wait for its read to the end of after (idem.Nap): the reader, at most one batch ahead,
+// idles through most of it, so the copy takes (1+pace) times as long and leaves the shards'
+// CPU to transfers for the rest.
+func (t *tableCopy) copyAll(parent context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, c *cursor, mv *MoveReport, pace float64, after func(n int, last cursor) error) (done bool, err error) {
+	if pace > 0 && os.Getenv("SHARDGATE_COPY_SEQUENTIAL") != "" {
+		return t.copyInTurn(parent, src, dst, r, c, mv, pace, after)
+	}
 	ctx, cancel := context.WithCancel(parent)
 	batches := make(chan fetched, 1)
 	var readErr error
@@ -162,6 +171,7 @@ func (t *tableCopy) copyAll(parent context.Context, src, dst *pgxpool.Pool, r sh
 		}
 	})
 	defer func() { cancel(); wg.Wait() }()
+	began := time.Now()
 	for b := range batches {
 		if done, err := writeRows(ctx, dst, mv, r, t.table, t.cols, b, func(ctx context.Context, tx pgx.Tx, _ int) error { return t.insert(ctx, tx, mv) }); err != nil || done {
 			return done, err
@@ -171,6 +181,12 @@ func (t *tableCopy) copyAll(parent context.Context, src, dst *pgxpool.Pool, r sh
 				return false, err
 			}
 		}
+		if b.rows == t.batch {
+			if err := idem.Nap(ctx, pace, began); err != nil {
+				return false, err
+			}
+		}
+		began = time.Now()
 	}
 	cancel()
 	wg.Wait()
@@ -178,6 +194,36 @@ func (t *tableCopy) copyAll(parent context.Context, src, dst *pgxpool.Pool, r sh
 		return false, fmt.Errorf("shard %s: %w", mv.From, readErr)
 	}
 	return false, readErr
+}
+
+// copyInTurn is copyAll reading and writing in turn, one shard at work at a time, with a pause
+// after each batch.
+func (t *tableCopy) copyInTurn(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, c *cursor, mv *MoveReport, pace float64, after func(n int, last cursor) error) (done bool, err error) {
+	for {
+		began := time.Now()
+		b, err := t.readBatch(ctx, src, r, c)
+		if err != nil {
+			if ctx.Err() == nil {
+				err = fmt.Errorf("shard %s: %w", mv.From, err)
+			}
+			return false, err
+		}
+		if done, err := writeRows(ctx, dst, mv, r, t.table, t.cols, b, func(ctx context.Context, tx pgx.Tx, _ int) error { return t.insert(ctx, tx, mv) }); err != nil || done {
+			return done, err
+		}
+		if b.rows > 0 && after != nil {
+			if err := after(b.rows, b.last); err != nil {
+				return false, err
+			}
+		}
+		if b.rows < t.batch {
+			return false, nil
+		}
+		if err := idem.Nap(ctx, pace, began); err != nil {
+			return false, err
+		}
+		c = &b.last
+	}
 }
 
 // fetched is rows read from a source shard, as a COPY stream in binary format (the format a
