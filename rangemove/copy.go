@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -144,9 +143,6 @@ func (t *tableCopy) readBatch(ctx context.Context, src *pgxpool.Pool, r shardmap
 // idles through most of it, so the copy takes (1+pace) times as long and leaves the shards'
 // CPU to transfers for the rest.
 func (t *tableCopy) copyAll(parent context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, c *cursor, mv *MoveReport, pace float64, after func(n int, last cursor) error) (done bool, err error) {
-	if pace > 0 && os.Getenv("SHARDGATE_COPY_SEQUENTIAL") != "" {
-		return t.copyInTurn(parent, src, dst, r, c, mv, pace, after)
-	}
 	ctx, cancel := context.WithCancel(parent)
 	batches := make(chan fetched, 1)
 	var readErr error
@@ -194,36 +190,6 @@ func (t *tableCopy) copyAll(parent context.Context, src, dst *pgxpool.Pool, r sh
 		return false, fmt.Errorf("shard %s: %w", mv.From, readErr)
 	}
 	return false, readErr
-}
-
-// copyInTurn is copyAll reading and writing in turn, one shard at work at a time, with a pause
-// after each batch.
-func (t *tableCopy) copyInTurn(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, c *cursor, mv *MoveReport, pace float64, after func(n int, last cursor) error) (done bool, err error) {
-	for {
-		began := time.Now()
-		b, err := t.readBatch(ctx, src, r, c)
-		if err != nil {
-			if ctx.Err() == nil {
-				err = fmt.Errorf("shard %s: %w", mv.From, err)
-			}
-			return false, err
-		}
-		if done, err := writeRows(ctx, dst, mv, r, t.table, t.cols, b, func(ctx context.Context, tx pgx.Tx, _ int) error { return t.insert(ctx, tx, mv) }); err != nil || done {
-			return done, err
-		}
-		if b.rows > 0 && after != nil {
-			if err := after(b.rows, b.last); err != nil {
-				return false, err
-			}
-		}
-		if b.rows < t.batch {
-			return false, nil
-		}
-		if err := idem.Nap(ctx, pace, began); err != nil {
-			return false, err
-		}
-		c = &b.last
-	}
 }
 
 // fetched is rows read from a source shard, as a COPY stream in binary format (the format a
