@@ -84,6 +84,19 @@ func TestBenchMove(t *testing.T) {
 	if clients > 0 {
 		time.Sleep(warmUp + beforeMove)
 	}
+	if hold, err := time.ParseDuration(os.Getenv("SHARDGATE_BENCH_MOVE_HOLD")); err == nil && hold > 0 {
+		// An experiment: the move listed (its change capture on) but its copy held up after the
+		// first batch, so that what the capture alone costs shows in the timeline's first windows.
+		held := false
+		testHook = func(point string) {
+			if point == "copy" && !held {
+				held = true
+				time.Sleep(hold)
+			}
+		}
+		defer func() { testHook = nil }()
+	}
+	bg := backgroundWork(t, c)
 	moveStart := time.Now()
 	var lastReport, granted time.Time
 	moves, err := Apply(ctx, testkit.ShardMap(t, 2, benchMapAfter, dsn), c.pool, Options{Interval: partition.Daily, Pace: pace,
@@ -114,6 +127,7 @@ func TestBenchMove(t *testing.T) {
 		size, clients, rate, pace, moveEnd.Sub(moveStart).Round(time.Millisecond), granted.Sub(moveStart).Round(time.Millisecond), rows, mv.Records, mv.Ledger, mv.Credits,
 		float64(rows)/granted.Sub(moveStart).Seconds(), moveEnd.Sub(granted).Round(time.Millisecond))
 	load.report(moveStart, granted, moveEnd)
+	fmt.Printf("  during the move: %s\n", backgroundWork(t, c).since(bg))
 	fmt.Printf("  router buffering: %s\n", bufferSummary(t, reg))
 	checkMoved(t, c, mapPath, size, seeded, load.acked)
 }
@@ -241,6 +255,31 @@ func settle(t *testing.T, c *cluster) {
 	t.Logf("vacuumed, analyzed and checkpointed in %v", time.Since(start).Round(time.Millisecond))
 }
 
+// serverWork counts the server's checkpoints and the shards' autovacuum and autoanalyze runs.
+type serverWork struct{ timed, requested, vacuums, analyzes int64 }
+
+func backgroundWork(t *testing.T, c *cluster) serverWork {
+	t.Helper()
+	var w serverWork
+	if err := c.pool("sa").QueryRow(context.Background(), "SELECT checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter").Scan(&w.timed, &w.requested); err != nil {
+		t.Fatal(err)
+	}
+	for _, shard := range []string{"sa", "sb"} {
+		var v, a int64
+		if err := c.pool(shard).QueryRow(context.Background(), "SELECT coalesce(sum(autovacuum_count), 0), coalesce(sum(autoanalyze_count), 0) FROM pg_stat_user_tables").Scan(&v, &a); err != nil {
+			t.Fatal(err)
+		}
+		w.vacuums, w.analyzes = w.vacuums+v, w.analyzes+a
+	}
+	return w
+}
+
+// since says what w counts beyond before.
+func (w serverWork) since(before serverWork) string {
+	return fmt.Sprintf("%d checkpoints timed and %d requested (the whole server's), %d autovacuums and %d autoanalyzes on the two shards",
+		w.timed-before.timed, w.requested-before.requested, w.vacuums-before.vacuums, w.analyzes-before.analyzes)
+}
+
 // benchRouter is a router without auth over the map file at mapPath, and its registry.
 func benchRouter(t *testing.T, mapPath string) (*router.Server, *prometheus.Registry) {
 	t.Helper()
@@ -281,6 +320,9 @@ const (
 	warmUp     = 2 * time.Second
 	beforeMove = 10 * time.Second
 )
+
+// timelineStep is the window of the p99 timeline report prints.
+const timelineStep = 15 * time.Second
 
 // sample is a 201: when it came, and how long after its key was first sent.
 type sample struct {
@@ -401,6 +443,24 @@ func (l *benchLoad) report(moveStart, granted, moveEnd time.Time) {
 		ratio := 0.0
 		if p := p99(before); p > 0 {
 			ratio = float64(p99(during)) / float64(p)
+		}
+		if !moving {
+			// Where in the move the slow answers fell: p99 per 15 s from the start of the move.
+			var line []string
+			for from := moveStart; from.Before(moveEnd); from = from.Add(timelineStep) {
+				var w []time.Duration
+				for _, s := range l.samples[moving] {
+					if !s.at.Before(from) && s.at.Before(from.Add(timelineStep)) {
+						w = append(w, s.latency)
+					}
+				}
+				mark := ""
+				if !granted.IsZero() && !granted.Before(from) && granted.Before(from.Add(timelineStep)) {
+					mark = "|" // the grant: the purge follows
+				}
+				line = append(line, fmt.Sprintf("%s%.0f", mark, float64(p99(w))/float64(time.Millisecond)))
+			}
+			fmt.Printf("  %s: p99 per %v of the move, ms: %s\n", name, timelineStep, strings.Join(line, " "))
 		}
 		fmt.Printf("  %s: during the move %d answered 201, longest time without one %v, %d answers not 201, p99 %v (before the move %v: %.2fx; to the grant %v, purge %v)\n",
 			name, len(during), gap.Round(time.Millisecond), l.non201[moving], p99(during).Round(time.Microsecond), p99(before).Round(time.Microsecond), ratio,
