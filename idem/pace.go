@@ -21,7 +21,7 @@ func CheckPace(pace float64) error {
 }
 
 // Nap paces background work, in the spirit of gh-ost's --nice-ratio: after a batch that began
-// at began, it sleeps pace times as long as the batch took, so the work takes (1+pace) times
+// at began, it sleeps pace times as long as the batch took, so the work takes at least (1+pace) times
 // as long and leaves the shard's CPU and I/O to transfers for the rest. It returns early, with
 // ctx's error, when ctx ends; with a pace of 0 it returns at once.
 func Nap(ctx context.Context, pace float64, began time.Time) error {

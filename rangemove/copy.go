@@ -140,7 +140,7 @@ func (t *tableCopy) readBatch(ctx context.Context, src *pgxpool.Pool, r shardmap
 // once, and a batch costs the slower of its read and its write rather than their sum. With a
 // pace above 0, each batch is followed by a pause pace times as long as the batch took, from
 // the wait for its read to the end of after (idem.Nap): the reader, at most one batch ahead,
-// idles through most of it, so the copy takes (1+pace) times as long and leaves the shards'
+// idles through most of it, so the copy takes at least (1+pace) times as long and leaves the shards'
 // CPU to transfers for the rest.
 func (t *tableCopy) copyAll(parent context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, c *cursor, mv *MoveReport, pace float64, after func(n int, last cursor) error) (done bool, err error) {
 	ctx, cancel := context.WithCancel(parent)

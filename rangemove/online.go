@@ -40,16 +40,18 @@ type Options struct {
 	CatchUpBelow int64
 	// Pace slows the background work down so that the shards keep CPU for transfers: after each
 	// bulk-copy batch, catch-up pass or purge transaction that took d, the apply pauses Pace×d
-	// (idem.Nap), so each takes (1+Pace) times as long. Nothing behind the fence (the last
+	// (idem.Nap), so each takes at least (1+Pace) times as long. Nothing behind the fence (the last
 	// catch-up and the grant) pauses. 0 does not pause (ApplyMap's); from 0 to idem.MaxPace;
 	// router.yaml's range_moves.pace is DefaultPace unless set.
 	Pace float64
 }
 
 // DefaultPace is the pace of `router shardmap apply` and of the purge `router serve` runs,
-// unless router.yaml's range_moves.pace or apply --pace says otherwise: the lowest that kept the
-// other ranges' p99 within twice their p99 before a move of 1,000,000 transfers on a 2-core
-// machine (docs/operations.md).
+// unless router.yaml's range_moves.pace or apply --pace says otherwise. On a 2-core machine it
+// left the machine about half idle during the copy of 1,000,000 transfers, kept apply at about
+// 5 minutes, and took the other ranges' p99 during the move from 26 ms (unpaced) to 19–24 ms,
+// still 2.4–3.1 times their p99 before (docs/operations.md); a higher pace cost minutes for
+// little more.
 const DefaultPace = 1.0
 
 // Progress is where one move stands.
