@@ -50,7 +50,7 @@ type Options struct {
 // unless router.yaml's range_moves.pace or apply --pace says otherwise. On a 2-core machine it
 // left the machine about half idle during the copy of 1,000,000 transfers, kept apply at about
 // 5 minutes, and took the other ranges' p99 during the move from 26 ms (unpaced) to 19–24 ms,
-// still 2.4–3.1 times their p99 before (docs/operations.md); a higher pace cost minutes for
+// still 2.1–3.1 times their p99 before (docs/operations.md); a higher pace cost minutes for
 // little more.
 const DefaultPace = 1.0
 

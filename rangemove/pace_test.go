@@ -85,3 +85,13 @@ func TestPacedCopyResumes(t *testing.T) {
 		t.Errorf("sa keeps %d rows of 40-80 after the paced purge (%v)", left, err)
 	}
 }
+
+// --dry-run's estimate of the copy grows with the pace: (1+pace) times the unpaced time.
+func TestEstimatePaced(t *testing.T) {
+	mv := MoveReport{Records: 10000, Ledger: 19000, Credits: 1000} // 3 s at EstimateRate
+	for pace, want := range map[float64]time.Duration{0: 3 * time.Second, 1: 6 * time.Second, 2.5: 10500 * time.Millisecond} {
+		if got := Estimate(mv, pace); got != want.Round(time.Second) {
+			t.Errorf("Estimate at pace %v = %v, want %v", pace, got, want.Round(time.Second))
+		}
+	}
+}
