@@ -94,10 +94,10 @@ bench-compare-smoke:
 ## bench-move: move a key range of S transfers (SIZES, default 10000 100000) between two local
 ## shards under load through a router (8 HTTP clients at 50 transfers/s), printing apply time,
 ## rows/s, the moving and other ranges' longest time without a 201, their non-201 answers and
-## p99, then checking every row
-## (scripts/bench-move.sh takes -c and -r)
+## p99, then checking every row; PACE sets the apply's pace (rangemove.DefaultPace unless set)
+## (scripts/bench-move.sh takes -c, -r and -p)
 bench-move: deps
-	./scripts/bench-move.sh $(SIZES)
+	./scripts/bench-move.sh $(if $(PACE),-p $(PACE)) $(SIZES)
 
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/router ./cmd/router

@@ -30,6 +30,7 @@ type Config struct {
 	Relay        Relay
 	Reconcile    Reconcile
 	Buffering    Buffering
+	RangeMoves   RangeMoves
 	HTTP         HTTP
 	TLS          TLS
 	Admin        Admin
@@ -183,9 +184,10 @@ type file struct {
 		KeepSettled  *duration `yaml:"keep_settled"`
 		ReoweWindow  *duration `yaml:"reowe_window"`
 	} `yaml:"relay"`
-	Reconcile reconcileFile `yaml:"reconcile"`
-	Buffering bufferingFile `yaml:"buffering"`
-	HTTP      struct {
+	Reconcile  reconcileFile  `yaml:"reconcile"`
+	Buffering  bufferingFile  `yaml:"buffering"`
+	RangeMoves rangeMovesFile `yaml:"range_moves"`
+	HTTP       struct {
 		ReadHeaderTimeout *duration `yaml:"read_header_timeout"`
 		ReadTimeout       *duration `yaml:"read_timeout"`
 		WriteTimeout      *duration `yaml:"write_timeout"`
@@ -283,7 +285,8 @@ func withDefaults(path string, f *file) (*Config, []string) {
 			KeepSettled:  durOr(f.Relay.KeepSettled, 168*time.Hour),
 			ReoweWindow:  durOr(f.Relay.ReoweWindow, 15*time.Minute),
 		},
-		Reconcile: f.Reconcile.withDefaults(),
+		Reconcile:  f.Reconcile.withDefaults(),
+		RangeMoves: f.RangeMoves.withDefaults(),
 		HTTP: HTTP{
 			ReadHeaderTimeout: durOr(f.HTTP.ReadHeaderTimeout, 5*time.Second),
 			ReadTimeout:       durOr(f.HTTP.ReadTimeout, 15*time.Second),
@@ -388,6 +391,7 @@ func (c *Config) validate() []string {
 	problems = append(problems, c.Relay.validate(c.ShardPool.RequestTimeout)...)
 	problems = append(problems, c.Reconcile.validate()...)
 	problems = append(problems, c.Buffering.validate(c.ShardPool)...)
+	problems = append(problems, c.RangeMoves.validate()...)
 	return append(problems, c.validateListeners()...)
 }
 

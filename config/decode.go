@@ -253,6 +253,8 @@ func kindOf(t reflect.Type) string {
 		return "true or false"
 	case reflect.String:
 		return "text"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
 	case reflect.Slice:
 		return "a list"
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -56,7 +57,9 @@ func queuePurge(ctx context.Context, tx pgx.Tx) error {
 // on (only row locks on the rows it deletes, which no transfer reads: they are outside every
 // range the shard lists), so transfers of other ranges go on meanwhile. A row in a range the
 // shard lists again (active, moving or copied) is kept. It can stop at any point and run again.
-func PurgeMoved(ctx context.Context, pool *pgxpool.Pool, batch int) (int64, error) {
+// After each transaction it pauses pace times as long as the transaction took (Nap), so that
+// the purge leaves the shard's CPU to transfers; pace 0 does not pause.
+func PurgeMoved(ctx context.Context, pool *pgxpool.Pool, batch int, pace float64) (int64, error) {
 	if batch <= 0 {
 		batch = 1000
 	}
@@ -82,7 +85,7 @@ func PurgeMoved(ctx context.Context, pool *pgxpool.Pool, batch int) (int64, erro
 		// Only the parts of the range that the shard lists nowhere: a batch then reads no row
 		// it must keep (the check on each row below stays, for a range listed meanwhile).
 		for _, r := range uncovered(whole, held) {
-			if err := purgeOne(ctx, pool, r, batch, &deleted); err != nil {
+			if err := purgeOne(ctx, pool, r, batch, pace, &deleted); err != nil {
 				return deleted, err
 			}
 		}
@@ -132,7 +135,8 @@ func uncovered(r purgeRange, held []purgeRange) []purgeRange {
 // purgeOne deletes the rows of r, batch by batch, adding to deleted. Each batch goes on after
 // the last row of the batch before it, in the table's keyspace index, and deletes up to its own
 // last row by index range: no batch reads the rows (or the index entries) of those before.
-func purgeOne(ctx context.Context, pool *pgxpool.Pool, r purgeRange, batch int, deleted *int64) error {
+// After each batch it pauses for pace times the batch's time.
+func purgeOne(ctx context.Context, pool *pgxpool.Pool, r purgeRange, batch int, pace float64, deleted *int64) error {
 	for _, t := range purgeTables {
 		keys := strings.Join(t.keys, ", ")
 		// row is the SQL row (keyspace_id, keys...) of parameters from $first on.
@@ -162,6 +166,7 @@ func purgeOne(ctx context.Context, pool *pgxpool.Pool, r purgeRange, batch int, 
 				dest[i] = &bound[i]
 			}
 			var n int64
+			began := time.Now()
 			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				// A batch is small: workers would cost more to start than they save.
 				if _, err := tx.Exec(ctx, "SET LOCAL max_parallel_workers_per_gather = 0"); err != nil {
@@ -190,6 +195,9 @@ func purgeOne(ctx context.Context, pool *pgxpool.Pool, r purgeRange, batch int, 
 				break
 			}
 			after = bound
+			if err := Nap(ctx, pace, began); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

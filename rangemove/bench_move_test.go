@@ -47,11 +47,13 @@ const (
 // router (buffering at its defaults) serves the two shards over HTTP from a map file, and
 // SHARDGATE_BENCH_MOVE_CLIENTS clients (8 unless set), each posting at most
 // SHARDGATE_BENCH_MOVE_RATE transfers a second (50 unless set), half from accounts of 40-80
-// and half from -40, retry a 503 after 50 ms with the same key, while 40-80 moves to sb. The
+// and half from -40, retry a 503 after 50 ms with the same key, while 40-80 moves to sb, paced
+// at SHARDGATE_BENCH_MOVE_PACE (DefaultPace unless set). The seed is settled first (settle). The
 // apply puts the new map file in place once the range is fenced, as `apply --map` does; the
 // router finds it through the refusal of the old owner. It prints the apply time and rate,
 // for each range the longest time without a 201, the answers that were not 201, and p99
-// latency (first send to 201) before and during the move, and the router's buffering; then
+// latency (first send to 201) before and during the move with their ratio, and the router's
+// buffering; then
 // it checks every row (checkMoved).
 func TestBenchMove(t *testing.T) {
 	size, _ := strconv.Atoi(os.Getenv("SHARDGATE_BENCH_MOVE"))
@@ -66,6 +68,14 @@ func TestBenchMove(t *testing.T) {
 	c.mustApply(testkit.WriteShardMap(t, mapPath, 1, benchMapBefore, dsn))
 	acc := benchAccounts(t)
 	seeded := seedMoving(t, c, acc, size)
+	settle(t, c)
+	pace := DefaultPace
+	if v := os.Getenv("SHARDGATE_BENCH_MOVE_PACE"); v != "" {
+		var err error
+		if pace, err = strconv.ParseFloat(v, 64); err != nil {
+			t.Fatalf("SHARDGATE_BENCH_MOVE_PACE: %v", err)
+		}
+	}
 
 	rt, reg := benchRouter(t, mapPath)
 	srv := httptest.NewServer(rt)
@@ -74,9 +84,22 @@ func TestBenchMove(t *testing.T) {
 	if clients > 0 {
 		time.Sleep(warmUp + beforeMove)
 	}
+	if hold, err := time.ParseDuration(os.Getenv("SHARDGATE_BENCH_MOVE_HOLD")); err == nil && hold > 0 {
+		// An experiment: the move listed (its change capture on) but its copy held up after the
+		// first batch, so that what the capture alone costs shows in the timeline's first windows.
+		held := false
+		testHook = func(point string) {
+			if point == "copy" && !held {
+				held = true
+				time.Sleep(hold)
+			}
+		}
+		defer func() { testHook = nil }()
+	}
+	bg := backgroundWork(t, c)
 	moveStart := time.Now()
 	var lastReport, granted time.Time
-	moves, err := Apply(ctx, testkit.ShardMap(t, 2, benchMapAfter, dsn), c.pool, Options{Interval: partition.Daily,
+	moves, err := Apply(ctx, testkit.ShardMap(t, 2, benchMapAfter, dsn), c.pool, Options{Interval: partition.Daily, Pace: pace,
 		OnFenced: func() error { testkit.WriteShardMap(t, mapPath, 2, benchMapAfter, dsn); return nil },
 		Progress: func(p Progress) {
 			if p.Phase == PhaseGranted {
@@ -100,10 +123,11 @@ func TestBenchMove(t *testing.T) {
 	}
 	mv := moves[0]
 	rows := mv.Records + mv.Ledger + mv.Credits
-	fmt.Printf("bench-move S=%d clients=%d×%d/s: apply %v: granted after %v (%d rows copied: %d records, %d ledger rows, %d owed credits; %.0f rows/s), moved rows deleted from the old owner in %v\n",
-		size, clients, rate, moveEnd.Sub(moveStart).Round(time.Millisecond), granted.Sub(moveStart).Round(time.Millisecond), rows, mv.Records, mv.Ledger, mv.Credits,
+	fmt.Printf("bench-move S=%d clients=%d×%d/s pace=%g: apply %v: granted after %v (%d rows copied: %d records, %d ledger rows, %d owed credits; %.0f rows/s), moved rows deleted from the old owner in %v\n",
+		size, clients, rate, pace, moveEnd.Sub(moveStart).Round(time.Millisecond), granted.Sub(moveStart).Round(time.Millisecond), rows, mv.Records, mv.Ledger, mv.Credits,
 		float64(rows)/granted.Sub(moveStart).Seconds(), moveEnd.Sub(granted).Round(time.Millisecond))
-	load.report(moveStart, moveEnd)
+	load.report(moveStart, granted, moveEnd)
+	fmt.Printf("  during the move: %s\n", backgroundWork(t, c).since(bg))
 	fmt.Printf("  router buffering: %s\n", bufferSummary(t, reg))
 	checkMoved(t, c, mapPath, size, seeded, load.acked)
 }
@@ -213,6 +237,49 @@ func seedMoving(t *testing.T, c *cluster, acc map[string][]int64, size int) []se
 	return sample
 }
 
+// settle lets the seed's aftermath pass before the load begins, so that the p99 before the move
+// is the load's own: it vacuums and analyzes both shards (the seed's inserts leave the
+// visibility map and the statistics to autovacuum, which would otherwise run while "before" is
+// measured) and checkpoints the server (whose dirty buffers the seed filled).
+func settle(t *testing.T, c *cluster) {
+	t.Helper()
+	start := time.Now()
+	for _, shard := range []string{"sa", "sb"} {
+		if _, err := c.pool(shard).Exec(context.Background(), "VACUUM ANALYZE"); err != nil {
+			t.Fatalf("%s: vacuum: %v", shard, err)
+		}
+	}
+	if _, err := c.pool("sa").Exec(context.Background(), "CHECKPOINT"); err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	t.Logf("vacuumed, analyzed and checkpointed in %v", time.Since(start).Round(time.Millisecond))
+}
+
+// serverWork counts the server's checkpoints and the shards' autovacuum and autoanalyze runs.
+type serverWork struct{ timed, requested, vacuums, analyzes int64 }
+
+func backgroundWork(t *testing.T, c *cluster) serverWork {
+	t.Helper()
+	var w serverWork
+	if err := c.pool("sa").QueryRow(context.Background(), "SELECT checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter").Scan(&w.timed, &w.requested); err != nil {
+		t.Fatal(err)
+	}
+	for _, shard := range []string{"sa", "sb"} {
+		var v, a int64
+		if err := c.pool(shard).QueryRow(context.Background(), "SELECT coalesce(sum(autovacuum_count), 0), coalesce(sum(autoanalyze_count), 0) FROM pg_stat_user_tables").Scan(&v, &a); err != nil {
+			t.Fatal(err)
+		}
+		w.vacuums, w.analyzes = w.vacuums+v, w.analyzes+a
+	}
+	return w
+}
+
+// since says what w counts beyond before.
+func (w serverWork) since(before serverWork) string {
+	return fmt.Sprintf("%d checkpoints timed and %d requested (the whole server's), %d autovacuums and %d autoanalyzes on the two shards",
+		w.timed-before.timed, w.requested-before.requested, w.vacuums-before.vacuums, w.analyzes-before.analyzes)
+}
+
 // benchRouter is a router without auth over the map file at mapPath, and its registry.
 func benchRouter(t *testing.T, mapPath string) (*router.Server, *prometheus.Registry) {
 	t.Helper()
@@ -251,8 +318,11 @@ type benchLoad struct {
 // whose latency the move's is compared with, before the move begins.
 const (
 	warmUp     = 2 * time.Second
-	beforeMove = 3 * time.Second
+	beforeMove = 10 * time.Second
 )
+
+// timelineStep is the window of the p99 timeline report prints.
+const timelineStep = 15 * time.Second
 
 // sample is a 201: when it came, and how long after its key was first sent.
 type sample struct {
@@ -345,12 +415,13 @@ func (l *benchLoad) stop() {
 }
 
 // report prints, for the moving range and the other one, the 201s during the move, the
-// longest time without one, the answers that were not 201 over the whole run, and p99
-// latency during the move and before it.
-func (l *benchLoad) report(moveStart, moveEnd time.Time) {
+// longest time without one, the answers that were not 201 over the whole run, and p99 latency
+// during the move against before it (beforeMove), with their ratio, and during the move's two
+// halves: the copy up to the grant, and the purge after it.
+func (l *benchLoad) report(moveStart, granted, moveEnd time.Time) {
 	for _, moving := range []bool{true, false} {
 		name := map[bool]string{true: "moving range 40-80", false: "other range -40"}[moving]
-		var before, during []time.Duration
+		var before, during, copying, purging []time.Duration
 		gap, last := time.Duration(0), moveStart
 		for _, s := range l.samples[moving] {
 			switch {
@@ -359,13 +430,41 @@ func (l *benchLoad) report(moveStart, moveEnd time.Time) {
 				before = append(before, s.latency)
 			case !s.at.After(moveEnd):
 				during = append(during, s.latency)
+				if s.at.Before(granted) {
+					copying = append(copying, s.latency)
+				} else {
+					purging = append(purging, s.latency)
+				}
 				gap = max(gap, s.at.Sub(last))
 				last = s.at
 			}
 		}
 		gap = max(gap, moveEnd.Sub(last))
-		fmt.Printf("  %s: during the move %d answered 201, longest time without one %v, %d answers not 201, p99 %v (before the move %v)\n",
-			name, len(during), gap.Round(time.Millisecond), l.non201[moving], p99(during).Round(time.Microsecond), p99(before).Round(time.Microsecond))
+		ratio := 0.0
+		if p := p99(before); p > 0 {
+			ratio = float64(p99(during)) / float64(p)
+		}
+		if !moving {
+			// Where in the move the slow answers fell: p99 per 15 s from the start of the move.
+			var line []string
+			for from := moveStart; from.Before(moveEnd); from = from.Add(timelineStep) {
+				var w []time.Duration
+				for _, s := range l.samples[moving] {
+					if !s.at.Before(from) && s.at.Before(from.Add(timelineStep)) {
+						w = append(w, s.latency)
+					}
+				}
+				mark := ""
+				if !granted.IsZero() && !granted.Before(from) && granted.Before(from.Add(timelineStep)) {
+					mark = "|" // the grant: the purge follows
+				}
+				line = append(line, fmt.Sprintf("%s%.0f", mark, float64(p99(w))/float64(time.Millisecond)))
+			}
+			fmt.Printf("  %s: p99 per %v of the move, ms: %s\n", name, timelineStep, strings.Join(line, " "))
+		}
+		fmt.Printf("  %s: during the move %d answered 201, longest time without one %v, %d answers not 201, p99 %v (before the move %v: %.2fx; to the grant %v, purge %v)\n",
+			name, len(during), gap.Round(time.Millisecond), l.non201[moving], p99(during).Round(time.Microsecond), p99(before).Round(time.Microsecond), ratio,
+			p99(copying).Round(time.Microsecond), p99(purging).Round(time.Microsecond))
 	}
 	if l.replayed > 0 {
 		fmt.Printf("  %d 201s replayed an earlier attempt of their key\n", l.replayed)

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -136,8 +137,12 @@ func (t *tableCopy) readBatch(ctx context.Context, src *pgxpool.Pool, r shardmap
 // part of r (see writeRows).
 //
 // The next batch is read from src while this one is written to dst: the two shards work at
-// once, and a batch costs the slower of its read and its write rather than their sum.
-func (t *tableCopy) copyAll(parent context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, c *cursor, mv *MoveReport, after func(n int, last cursor) error) (done bool, err error) {
+// once, and a batch costs the slower of its read and its write rather than their sum. With a
+// pace above 0, each batch is followed by a pause pace times as long as the batch took, from
+// the wait for its read to the end of after (idem.Nap): the reader, at most one batch ahead,
+// idles through most of it, so the copy takes at least (1+pace) times as long and leaves the shards'
+// CPU to transfers for the rest.
+func (t *tableCopy) copyAll(parent context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange, c *cursor, mv *MoveReport, pace float64, after func(n int, last cursor) error) (done bool, err error) {
 	ctx, cancel := context.WithCancel(parent)
 	batches := make(chan fetched, 1)
 	var readErr error
@@ -162,6 +167,7 @@ func (t *tableCopy) copyAll(parent context.Context, src, dst *pgxpool.Pool, r sh
 		}
 	})
 	defer func() { cancel(); wg.Wait() }()
+	began := time.Now()
 	for b := range batches {
 		if done, err := writeRows(ctx, dst, mv, r, t.table, t.cols, b, func(ctx context.Context, tx pgx.Tx, _ int) error { return t.insert(ctx, tx, mv) }); err != nil || done {
 			return done, err
@@ -171,6 +177,12 @@ func (t *tableCopy) copyAll(parent context.Context, src, dst *pgxpool.Pool, r sh
 				return false, err
 			}
 		}
+		if b.rows == t.batch {
+			if err := idem.Nap(ctx, pace, began); err != nil {
+				return false, err
+			}
+		}
+		began = time.Now()
 	}
 	cancel()
 	wg.Wait()

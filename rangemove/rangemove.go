@@ -86,6 +86,9 @@ func ApplyMap(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgx
 
 // Apply is ApplyMap with options: progress reports, and when the catch-up ends.
 func Apply(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpool.Pool, opts Options) ([]MoveReport, error) {
+	if err := idem.CheckPace(opts.Pace); err != nil {
+		return nil, err
+	}
 	opts = opts.withDefaults()
 	unlock, err := takeApplyLocks(ctx, m, pool)
 	if err != nil {
@@ -194,7 +197,7 @@ func purge(ctx context.Context, m *shardmap.Map, pool func(string) *pgxpool.Pool
 		if _, err := idem.DropIdleCapture(ctx, pool(s.Name)); err != nil {
 			return fmt.Errorf("shard %s: drop the change capture of finished moves: %w", s.Name, err)
 		}
-		n, err := idem.PurgeMoved(ctx, pool(s.Name), PurgeBatch)
+		n, err := idem.PurgeMoved(ctx, pool(s.Name), PurgeBatch, opts.Pace)
 		if err != nil {
 			return fmt.Errorf("shard %s: delete the rows of ranges moved away: %w", s.Name, err)
 		}
@@ -435,7 +438,7 @@ func copyRange(ctx context.Context, src, dst *pgxpool.Pool, r shardmap.KeyRange,
 	}
 	// Each table in keyset batches over its keyspace index: a batch reads its own rows only.
 	for i := range tables {
-		if done, err := tables[i].copyAll(ctx, src, dst, r, nil, mv, nil); err != nil || done {
+		if done, err := tables[i].copyAll(ctx, src, dst, r, nil, mv, 0, nil); err != nil || done {
 			return err
 		}
 	}

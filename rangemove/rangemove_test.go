@@ -542,7 +542,7 @@ func TestOwedCreditsMoveWithTheirSourceRange(t *testing.T) {
 		t.Errorf("sa holds %d owed credits between grant and settle, want its 3 until the settle", n)
 	}
 	c.phase(v2, idem.Settle, "sa", "sb")
-	if _, err := idem.PurgeMoved(ctx, c.pool("sa"), 2); err != nil {
+	if _, err := idem.PurgeMoved(ctx, c.pool("sa"), 2, 0); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(c.outbox("sa")); n != 0 {

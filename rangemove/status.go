@@ -194,8 +194,9 @@ func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 // managed on a 2-core machine with load running (16,000 to 32,000 rows/s, docs/operations.md).
 const EstimateRate = 10000
 
-// Estimate is how long the bulk copy of mv (as Plan counted it) should take at EstimateRate.
-func Estimate(mv MoveReport) time.Duration {
+// Estimate is how long the bulk copy of mv (as Plan counted it) should take at EstimateRate,
+// paced at pace (Options.Pace): (1+pace) times as long as unpaced.
+func Estimate(mv MoveReport, pace float64) time.Duration {
 	rows := mv.Records + mv.Ledger + mv.Credits
-	return time.Duration(float64(rows) / EstimateRate * float64(time.Second)).Round(time.Second)
+	return time.Duration((1 + max(pace, 0)) * float64(rows) / EstimateRate * float64(time.Second)).Round(time.Second)
 }

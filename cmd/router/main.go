@@ -29,7 +29,7 @@ commands:
   shardmap check FILE                    validate a shard map
   shardmap route FILE ACCOUNT            show which shard owns an account
   shardmap diff OLD NEW                  show what changes between two maps
-  shardmap apply --config router.yaml [--dry-run] [--map FILE]
+  shardmap apply --config router.yaml [--dry-run] [--map FILE] [--pace R]
                                          make the shards own the map's ranges (copy while serving, fence, grant)
   shardmap status --config router.yaml   show what each shard owns and where range moves stand
   reconcile --config router.yaml [--since 1h] [--repair]

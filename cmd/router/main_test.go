@@ -20,6 +20,9 @@ func TestRunExitStatus(t *testing.T) {
 		{[]string{"serve", "--config", "/nonexistent/router.yaml"}, 1, "no such file"},
 		{[]string{"migrate", "extra"}, 2, `unexpected argument "extra"`},
 		{[]string{"dev", "--shards", "0"}, 2, "--shards must be between 1 and 16"},
+		{[]string{"shardmap", "apply", "--pace", "gently"}, 2, `invalid value "gently" for flag -pace: "gently" is not a number`},
+		{[]string{"shardmap", "apply", "--pace", "-1"}, 2, "invalid value \"-1\" for flag -pace: pace: -1 must be between 0 (no pause) and 10"},
+		{[]string{"shardmap", "apply", "--pace", "0.5", "--config", "/nonexistent/router.yaml"}, 1, "no such file"},
 		{[]string{"help"}, 0, ""},
 	} {
 		var stdout, stderr bytes.Buffer
@@ -45,7 +48,7 @@ func TestHelpIsComplete(t *testing.T) {
 		{[]string{"dev", "--help"}, []string{"-dir", "-shards", "-listen"}},
 		{[]string{"serve", "-h"}, []string{"-config"}},
 		{[]string{"maintain", "--help"}, []string{"-once"}},
-		{[]string{"shardmap", "apply", "--help"}, []string{"-dry-run", "-config"}},
+		{[]string{"shardmap", "apply", "--help"}, []string{"-dry-run", "-config", "-pace R"}},
 		{[]string{"shardmap", "help"}, []string{"router shardmap apply --config router.yaml [--dry-run]"}},
 		{[]string{"version"}, []string{"router "}},
 	} {

@@ -26,10 +26,12 @@ const shardmapUsage = `usage:
   router shardmap check FILE          validate a shard map and report every problem
   router shardmap route FILE ACCOUNT  show the keyspace id, range and shard of ACCOUNT
   router shardmap diff OLD NEW        show what replacing map OLD by NEW changes
-  router shardmap apply --config router.yaml [--dry-run] [--map FILE]
+  router shardmap apply --config router.yaml [--dry-run] [--map FILE] [--pace R]
                                       make the shards own the ranges of the map router.yaml names
                                       (or of FILE, put in its place at the fence), moving rows;
-                                      --dry-run prints the plan and changes nothing
+                                      --dry-run prints the plan and changes nothing; --pace pauses
+                                      R times each copy or purge batch's time after it
+                                      (range_moves.pace, 1 unless set; 0 does not pause)
   router shardmap status --config router.yaml
                                       show what each shard owns and where range moves stand`
 
@@ -142,7 +144,11 @@ func loadShardmap(sub, path string, stderr io.Writer) (*shardmap.Map, bool) {
 func shardmapApply(ctx context.Context, args []string, stdout io.Writer) error {
 	var dryRun bool
 	var mapFile string
+	var pace *float64
 	return withConfig("shardmap apply", args, stdout, func(cfg *config.Config, m *shardmap.Map) error {
+		if pace != nil {
+			cfg.RangeMoves.Pace = *pace
+		}
 		if mapFile != "" {
 			next, err := shardmap.Load(mapFile)
 			if err != nil {
@@ -163,5 +169,16 @@ func shardmapApply(ctx context.Context, args []string, stdout io.Writer) error {
 	}, func(fs *flag.FlagSet) {
 		fs.BoolVar(&dryRun, "dry-run", false, "print the plan (ranges, shards, rows to move) and change nothing")
 		fs.StringVar(&mapFile, "map", "", "apply this map file instead of the one router.yaml names, and put it in its place once the moving ranges are fenced")
+		fs.Func("pace", "after each copy, catch-up or purge batch that took d, pause `R`×d, leaving the shards' CPU to transfers (0 to 10; router.yaml's range_moves.pace unless given)", func(v string) error {
+			r, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return fmt.Errorf("%q is not a number", v)
+			}
+			if err := config.CheckPace(r); err != nil {
+				return err
+			}
+			pace = &r
+			return nil
+		})
 	})
 }

@@ -50,7 +50,8 @@ func applyMap(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool fun
 }
 
 func applyMapWith(ctx context.Context, cfg *config.Config, m *shardmap.Map, pool func(string) *pgxpool.Pool, out io.Writer, onFenced func() error) error {
-	moves, err := rangemove.Apply(ctx, m, pool, rangemove.Options{Interval: cfg.Idempotency.PartitionInterval, Progress: progressPrinter(out), OnFenced: onFenced})
+	moves, err := rangemove.Apply(ctx, m, pool, rangemove.Options{Interval: cfg.Idempotency.PartitionInterval, Pace: cfg.RangeMoves.Pace,
+		Progress: progressPrinter(out), OnFenced: onFenced})
 	for _, mv := range moves {
 		fmt.Fprintf(out, "moved rows of %s from %s to %s: %d idempotency records, %d ledger rows, %d owed credits\n", mv.Range, mv.From, mv.To, mv.Records, mv.Ledger, mv.Credits)
 		if mv.Conflicts > 0 {
@@ -219,8 +220,8 @@ func PlanMap(ctx context.Context, cfg *config.Config, m *shardmap.Map, out io.Wr
 		return err
 	}
 	for _, mv := range moves {
-		fmt.Fprintf(out, "would move %s from %s to %s: %d idempotency records, %d ledger rows, %d owed credits; copy about %v at %d rows/s while %s serves, then a fence of about a second\n",
-			mv.Range, mv.From, mv.To, mv.Records, mv.Ledger, mv.Credits, rangemove.Estimate(mv), rangemove.EstimateRate, mv.From)
+		fmt.Fprintf(out, "would move %s from %s to %s: %d idempotency records, %d ledger rows, %d owed credits; copy about %v at %d rows/s paced at %g while %s serves, then a fence of about a second\n",
+			mv.Range, mv.From, mv.To, mv.Records, mv.Ledger, mv.Credits, rangemove.Estimate(mv, cfg.RangeMoves.Pace), rangemove.EstimateRate, cfg.RangeMoves.Pace, mv.From)
 	}
 	if len(moves) == 0 {
 		fmt.Fprintln(out, "no range changes owner")

@@ -57,7 +57,7 @@ func (s *Service) moveStatusLoop(ctx context.Context) {
 		s.moves.Record(sts)
 		for _, st := range sts {
 			if len(st.Purges) > 0 {
-				if _, err := idem.PurgeMoved(ctx, t.Pool(st.Shard), rangemove.PurgeBatch); err != nil && ctx.Err() == nil {
+				if _, err := idem.PurgeMoved(ctx, t.Pool(st.Shard), rangemove.PurgeBatch, s.Config.RangeMoves.Pace); err != nil && ctx.Err() == nil {
 					s.log.Warn("deleting the rows of ranges moved away", "shard", st.Shard, "err", err)
 				}
 			}
