@@ -15,6 +15,9 @@ import (
 // getTransfer serves GET /transfers/{id}: the debit as its shard holds it, for the client that
 // made it only, and where its credit stands. The debit's shard knows a credit it still owes; one
 // it no longer lists (settled and cleared, or written with the debit) is read on dst's shard.
+// What it reports is on the shards' synchronous standbys first (confirmed): a row whose commit
+// stopped waiting for them is visible on the primary and may be gone after a failover, and a
+// client that was told its transfer exists would not retry it.
 func (s *Server) getTransfer(w http.ResponseWriter, r *http.Request) {
 	client, err := s.authenticate(r)
 	if err != nil {
@@ -34,8 +37,10 @@ func (s *Server) getTransfer(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	var t idem.LedgerTransfer
 	get := func(sh *topology.Shard) (err error) {
-		t, err = idem.GetTransfer(ctx, sh.Pool, id, client)
-		return err
+		if t, err = idem.GetTransfer(ctx, sh.Pool, id, client); err != nil {
+			return err
+		}
+		return sh.ConfirmReplicated(ctx)
 	}
 	shard, err := onShard(topo, ksid, get)
 	if errors.Is(err, idem.ErrNotFound) {
@@ -46,8 +51,10 @@ func (s *Server) getTransfer(w http.ResponseWriter, r *http.Request) {
 	if err == nil && t.Credit == idem.CreditUnknown {
 		var settled bool
 		shard, err = onShard(topo, shardmap.KeyspaceID(t.Dst), func(sh *topology.Shard) (err error) {
-			t.SettledAt, settled, err = idem.CreditSettledAt(ctx, sh.Pool, id)
-			return err
+			if t.SettledAt, settled, err = idem.CreditSettledAt(ctx, sh.Pool, id); err != nil || !settled {
+				return err
+			}
+			return sh.ConfirmReplicated(ctx)
 		})
 		t.Credit = idem.CreditPending
 		if settled {
@@ -98,8 +105,9 @@ type currencyBalance struct {
 }
 
 // getBalance serves GET /accounts/{id}/balance from the account's own shard, where both legs of
-// every transfer touching it live. Any authenticated client may read any account: shardgate
-// has no notion of who owns an account, so per-user rules belong to the service in front.
+// every transfer touching it live, once what it read is on the shard's synchronous standbys (as
+// getTransfer). Any authenticated client may read any account: shardgate has no notion of who
+// owns an account, so per-user rules belong to the service in front.
 func (s *Server) getBalance(w http.ResponseWriter, r *http.Request) {
 	if _, err := s.authenticate(r); err != nil {
 		challenge(w, clientRealm)
@@ -122,8 +130,10 @@ func (s *Server) getBalance(w http.ResponseWriter, r *http.Request) {
 		topo := s.HoldTopology()
 		defer topo.Release()
 		get := func(sh *topology.Shard) (err error) {
-			balances, version, err = idem.Balance(ctx, sh.Pool, acct, ksid)
-			return err
+			if balances, version, err = idem.Balance(ctx, sh.Pool, acct, ksid); err != nil {
+				return err
+			}
+			return sh.ConfirmReplicated(ctx)
 		}
 		shard, err := onShard(topo, ksid, get)
 		if errors.Is(err, idem.ErrNotOwned) && version <= topo.Map.Version {

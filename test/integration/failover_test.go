@@ -713,3 +713,83 @@ func TestAsyncDestinationFailoverRepairedByReconcile(t *testing.T) {
 		t.Errorf("reconcile after repair (%v):\n%s", err, out.String())
 	}
 }
+
+// TestReadsWaitForTheSyncStandby: a transfer whose commit stopped waiting for shard-0's
+// synchronous standby (the wait cancelled on the server while the standby's WAL receiver is
+// stalled) is visible on the primary, and would be gone after a failover. GET /transfers/{id} and
+// GET /accounts/{id}/balance do not report it while the standby lacks it: they answer 503, and
+// after the failover the transfer is unknown (404), so a client that saw a 503 on its POST and
+// then read never concludes that its transfer happened. A transfer the standby has reads 200.
+func TestReadsWaitForTheSyncStandby(t *testing.T) {
+	c := startFailoverCluster(t, syncStandby, noStandby)
+	src, dst := c.account(0, 1000), c.account(0, 5000)
+	body := func(amount int) string { return fmt.Sprintf(`{"src":%d,"dst":%d,"amount":%d}`, src, dst, amount) }
+	id := func(key string) string { return router.TransferID(shardmap.KeyspaceID(src), "client-a:transfer", key) }
+	get := func(path string) int {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, c.url+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer token-a")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck // only the status matters
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	balance := fmt.Sprintf("/accounts/%d/balance", src)
+
+	kept := newKey()
+	if got := c.postOnce(kept, body(5)); got != http.StatusCreated {
+		t.Fatalf("a transfer before the stall: %d, want 201", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.standbys[0].StallReceiver(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lost := newKey()
+	posted := make(chan int, 1)
+	go func() { posted <- c.postOnce(lost, body(7)) }()
+	// Its commit waits for the standby; someone (an operator, a pooler) cancels the wait.
+	admin := c.pool(0)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var n int
+		if err := admin.QueryRow(ctx, "SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the transfer's commit never waited for the standby")
+		}
+	}
+	if got := <-posted; got == http.StatusCreated {
+		t.Fatalf("the transfer whose standby wait was cancelled was answered %d", got)
+	}
+	var visible int
+	if err := admin.QueryRow(ctx, "SELECT count(*) FROM ledger_entries WHERE transfer_id = $1 AND kind = 'transfer_out'", id(lost)).Scan(&visible); err != nil || visible != 1 {
+		t.Fatalf("the transfer is %d times on the primary (%v): the test needs it visible there", visible, err)
+	}
+	if got := get("/transfers/" + id(lost)); got != http.StatusServiceUnavailable {
+		t.Errorf("GET of a transfer the standby lacks: %d, want 503", got)
+	}
+	if got := get(balance); got != http.StatusServiceUnavailable {
+		t.Errorf("GET of a balance that counts a transfer the standby lacks: %d, want 503", got)
+	}
+
+	c.failOver(0)
+	if got := get("/transfers/" + id(lost)); got != http.StatusNotFound {
+		t.Errorf("after the failover, GET of the transfer the standby lacked: %d, want 404", got)
+	}
+	if got := get("/transfers/" + id(kept)); got != http.StatusOK {
+		t.Errorf("after the failover, GET of the transfer the standby had: %d, want 200", got)
+	}
+	if got := get(balance); got != http.StatusOK {
+		t.Errorf("after the failover, GET of the balance: %d, want 200", got)
+	}
+}
