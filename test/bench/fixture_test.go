@@ -58,6 +58,7 @@ type fixture struct {
 	pg2      *localpg.Server
 	admin2   *pgxpool.Pool
 	dir      string
+	aged     int // days of record partitions before today on every shard (-bench.aged)
 	shardMap *shardmap.Map
 	base     *config.Config // what every router's config has but its pool and group commit
 	floor    *server
@@ -78,7 +79,7 @@ type fixture struct {
 // setup starts a durable PostgreSQL, migrates it as a shard owning the whole keyspace, creates
 // the anchor's tables, serves the floor, and checks that the floor answers as the router does.
 func setup(ctx context.Context, b *testing.B, s settings, pgbenchBin string) *fixture {
-	f := &fixture{dir: b.TempDir(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), connecting: map[int]time.Duration{}}
+	f := &fixture{aged: s.aged, dir: b.TempDir(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), connecting: map[int]time.Duration{}}
 	for _, c := range s.concurrency {
 		f.connecting[c] = time.Duration(c) * 10 * time.Millisecond // about what each took here, c=256 up to 2.5 s
 	}
@@ -163,7 +164,7 @@ func (f *fixture) prepareShard(ctx context.Context) error {
 	if _, err := idem.Migrate(ctx, f.admin); err != nil {
 		return err
 	}
-	if _, err := idem.EnsurePartitions(ctx, f.admin, partition.Daily, time.Now(), 2); err != nil {
+	if err := f.partition(ctx, f.admin); err != nil {
 		return err
 	}
 	for _, schema := range []string{"anchor", "peer"} {
@@ -362,4 +363,37 @@ func (f *fixture) pgbenchVars(ctx context.Context) (map[string]string, error) {
 		"response":     response,
 		"retention":    strconv.FormatInt(int64(f.base.Idempotency.Retention/time.Second), 10) + " seconds",
 	}, nil
+}
+
+// partition gives a shard's idempotency_record today's partition and two ahead, and one for each
+// of the f.aged days before today, as upkeep leaves a shard that has run that long (every record
+// under the rule that dates it no earlier than its key: see shardgate_record_floor). A lookup
+// bounded by a key's time reads one or two of them; an unbounded one reads them all.
+func (f *fixture) partition(ctx context.Context, pool *pgxpool.Pool) error {
+	if _, err := idem.EnsurePartitions(ctx, pool, partition.Daily, time.Now(), 2); err != nil {
+		return err
+	}
+	if f.aged == 0 {
+		return nil
+	}
+	_, err := pool.Exec(ctx, `DO $$
+DECLARE
+    d date;
+    name text;
+BEGIN
+    FOR i IN 1 .. `+strconv.Itoa(f.aged)+` LOOP
+        d := (now() AT TIME ZONE 'UTC')::date - i;
+        name := 'idempotency_record_' || to_char(d, 'YYYY_MM_DD');
+        EXECUTE format('CREATE TABLE %I (LIKE idempotency_record INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', name);
+        EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I UNIQUE (scope, key)', name, name || '_scope_key');
+        EXECUTE format('ALTER TABLE idempotency_record ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                       name, d::timestamp AT TIME ZONE 'UTC', (d + 1)::timestamp AT TIME ZONE 'UTC');
+    END LOOP;
+    UPDATE shardgate_record_floor SET unchecked_before = now() - make_interval(days => `+strconv.Itoa(f.aged+1)+`);
+END
+$$`)
+	if err != nil {
+		return fmt.Errorf("ageing a shard by %d days: %w", f.aged, err)
+	}
+	return nil
 }
