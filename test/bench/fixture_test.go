@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -55,18 +56,21 @@ type fixture struct {
 	admin *pgxpool.Pool // for setup and checks, not used by any side under test
 	// pg2 and admin2 are a second PostgreSQL server, the second cross shard's: two shards are
 	// two servers, each with its own WAL and its own flushes, as in production.
-	pg2      *localpg.Server
-	admin2   *pgxpool.Pool
-	dir      string
-	aged     int // days of record partitions before today on every shard (-bench.aged)
-	shardMap *shardmap.Map
-	base     *config.Config // what every router's config has but its pool and group commit
-	floor    *server
-	pgbench  pgbench
-	cross    *crossShards      // the cross-shard phases' two shards
-	vars     map[string]string // transfer_new.sql's -D values but n
-	created  []transfer        // by the routers, for their replays
-	runs     int               // of transfer_new.sql so far
+	pg2    *localpg.Server
+	admin2 *pgxpool.Pool
+	dir    string
+	aged   int // days of record partitions before today on every shard (-bench.aged)
+	// statements is how many statements each phase of the same, cross and peer rows prints
+	// (-bench.statements); both servers load pg_stat_statements when it is not 0.
+	statements int
+	shardMap   *shardmap.Map
+	base       *config.Config // what every router's config has but its pool and group commit
+	floor      *server
+	pgbench    pgbench
+	cross      *crossShards      // the cross-shard phases' two shards
+	vars       map[string]string // transfer_new.sql's -D values but n
+	created    []transfer        // by the routers, for their replays
+	runs       int               // of transfer_new.sql so far
 	// connecting is, per concurrency, how long pgbench's clients may take to connect: half as
 	// long again as the slowest seen (pgbenchRun.connecting), a guess before the first run.
 	connecting map[int]time.Duration
@@ -79,7 +83,7 @@ type fixture struct {
 // setup starts a durable PostgreSQL, migrates it as a shard owning the whole keyspace, creates
 // the anchor's tables, serves the floor, and checks that the floor answers as the router does.
 func setup(ctx context.Context, b *testing.B, s settings, pgbenchBin string) *fixture {
-	f := &fixture{aged: s.aged, dir: b.TempDir(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), connecting: map[int]time.Duration{}}
+	f := &fixture{aged: s.aged, statements: s.statements, dir: b.TempDir(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), connecting: map[int]time.Duration{}}
 	for _, c := range s.concurrency {
 		f.connecting[c] = time.Duration(c) * 10 * time.Millisecond // about what each took here, c=256 up to 2.5 s
 	}
@@ -88,6 +92,11 @@ func setup(ctx context.Context, b *testing.B, s settings, pgbenchBin string) *fi
 	}
 	f.pg, f.admin = f.startPostgres(ctx, b, "pg", f.maxConnsFor(slices.Max(s.concurrency)))
 	f.pg2, f.admin2 = f.startPostgres(ctx, b, "pg2", min(slices.Max(s.concurrency), routerMaxConns)+30)
+	if f.statements > 0 {
+		if err := createStatementViews(ctx, f.admin, f.admin2); err != nil {
+			b.Fatal(err)
+		}
+	}
 	f.pgbench = pgbench{bin: pgbenchBin, host: "127.0.0.1", port: f.pg.Port(), user: pgUser, db: pgDatabase}
 	if err := f.prepareShard(ctx); err != nil {
 		b.Fatal(err)
@@ -122,6 +131,15 @@ func (f *fixture) maxConnsFor(maxC int) int {
 	return f.maxConns
 }
 
+// serverSettings are a benchmark server's settings beyond localpg's durable defaults.
+func (f *fixture) serverSettings(maxConns int) map[string]string {
+	settings := map[string]string{"max_connections": strconv.Itoa(maxConns)}
+	if f.statements > 0 {
+		maps.Copy(settings, statementSettings)
+	}
+	return settings
+}
+
 // startPostgres starts a server in dir with maxConns connections and returns it with an admin
 // pool, refusing to go on unless it is durable.
 func (f *fixture) startPostgres(ctx context.Context, b *testing.B, dir string, maxConns int) (*localpg.Server, *pgxpool.Pool) {
@@ -130,7 +148,7 @@ func (f *fixture) startPostgres(ctx context.Context, b *testing.B, dir string, m
 		User:     pgUser,
 		Database: pgDatabase,
 		Durable:  true, // fsync on: a commit costs what it costs in production
-		Settings: map[string]string{"max_connections": strconv.Itoa(maxConns)},
+		Settings: f.serverSettings(maxConns),
 	})
 	if err != nil {
 		b.Fatal(err)
