@@ -66,7 +66,7 @@ func (f *fixture) reportStatements(ctx context.Context, w io.Writer, name string
 		rows, err := a.Query(ctx, `SELECT d.datname, NOT s.toplevel, s.calls, s.rows, s.shared_blks_hit + s.shared_blks_read,
 			s.total_exec_time, s.wal_bytes::float8, regexp_replace(s.query, '\s+', ' ', 'g')
 			  FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
-			 WHERE d.datname <> current_database()
+			 WHERE s.query NOT LIKE '%pg_stat_statements%'
 			 ORDER BY s.total_exec_time DESC LIMIT $1`, f.statements)
 		if err != nil {
 			return err
