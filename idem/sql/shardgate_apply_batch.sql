@@ -114,8 +114,10 @@ BEGIN
     -- 2. A fresh snapshot, after the locks: each key's record, in whatever partition it can be.
     --    The bounds are parameters known when the statement starts, so PostgreSQL leaves out
     --    (initial pruning) every partition that ends before lookup_floor and begins at or after
-    --    unchecked. A credit is looked up in the ledger instead. A record (a credit's ledger row)
-    --    decides; without one, a lock held elsewhere does.
+    --    unchecked. A credit is looked up in the ledger instead. Each LIMIT 1 keeps its subquery
+    --    apart, so that the item's own conditions gate it (a one-time filter): a debit reads no
+    --    ledger here, a credit no records. A record (a credit's ledger row) decides; without one, a
+    --    lock held elsewhere does.
     SELECT array_agg(CASE
                WHEN t.early IN ('not_owner', 'later') THEN t.early
                WHEN t.kind = 'transfer_in' THEN CASE WHEN leg.same THEN 'replayed' WHEN NOT leg.same THEN 'key_reused' ELSE t.early END
@@ -142,7 +144,8 @@ BEGIN
                           WHERE l.transfer_id = t.tid AND l.kind = 'transfer_in'
                             AND t.kind = 'transfer_in'
                             AND t.early IS DISTINCT FROM 'not_owner'
-                            AND t.early IS DISTINCT FROM 'later') leg ON true;
+                            AND t.early IS DISTINCT FROM 'later'
+                          LIMIT 1) leg ON true;
 
     -- 3. One statement writes what the items still undecided apply: the leg (the ledger's unique
     --    (transfer_id, kind) refuses one it holds already, record or no record; an inserted leg
