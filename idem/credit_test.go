@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"testing"
 	"time"
@@ -81,27 +82,79 @@ func TestDebitWritesOrOwesItsCredit(t *testing.T) {
 	}
 }
 
-// The credit leg goes through the claim path: delivered again it replays, a different credit
-// under the same transfer id is refused, a shard that does not own dst refuses it, and once its
-// record is gone the ledger's unique (transfer_id, kind) still admits no second credit.
+// The credit leg goes through the claim path with its ledger row as its record, through both
+// group functions: delivered again it replays, a different credit under the same transfer id is
+// refused, a shard that does not own dst refuses it, and no idempotency record is written for it
+// (none is read either: a credit record an earlier release wrote does not keep a credit that is
+// gone from the ledger from applying).
 func TestCreditLegIsAppliedOnce(t *testing.T) {
+	for name, q := range map[string]string{applyRows: rowsSQL, applyBatch: batchSQL} {
+		t.Run(name, func(t *testing.T) { creditLegIsAppliedOnce(t, q) })
+	}
+}
+
+// creditLegIsAppliedOnce is TestCreditLegIsAppliedOnce through the group function of q. Each
+// credit goes in a group with new debits, so that the set-wise function sees a mixed group.
+func creditLegIsAppliedOnce(t *testing.T, q string) {
 	ctx := context.Background()
 	pool := halfShard(t)
+	groups := 0
+	deliver := func(credit TransferRequest, want Outcome) TransferResult {
+		t.Helper()
+		group := []TransferRequest{credit}
+		if groups++; q == batchSQL {
+			for i := range 3 {
+				group = append(group, testTransfer(fmt.Sprintf("debit-%d-%d", groups, i), 10))
+			}
+		}
+		res, err := transferGroup(ctx, pool, group, q)
+		if err != nil || res[0].Outcome != want {
+			t.Fatalf("credit %s: %+v %v, want %s", credit.Key, res, err, want)
+		}
+		for i, r := range res[1:] {
+			if r.Outcome != Applied {
+				t.Fatalf("debit %d of the credit's group: %s, want applied", i, r.Outcome)
+			}
+		}
+		return res[0]
+	}
 	owed := OwedCredit{TransferID: "t-x", Src: 7, Dst: 8, Amount: 25, Currency: "EUR", Client: "client-a", DebitedAt: time.Now()}
 	credit := CreditRequest(owed, here, 720*time.Hour)
-	transferOutcome(t, pool, credit, Applied)
-	transferOutcome(t, pool, credit, Replayed)
+	deliver(credit, Applied)
+	if r := deliver(credit, Replayed); r.Response.Status != 201 {
+		t.Errorf("a credit's replay answers %+v, want its 201", r.Response)
+	}
 
-	other := owed
-	other.Amount = 26
-	transferOutcome(t, pool, CreditRequest(other, here, 720*time.Hour), KeyReused)
+	for _, change := range []func(*OwedCredit){
+		func(c *OwedCredit) { c.Amount = 26 },
+		func(c *OwedCredit) { c.Src = 9 },
+		func(c *OwedCredit) { c.Reference = "other" },
+		func(c *OwedCredit) { c.Client = "client-b" },
+	} {
+		other := owed
+		change(&other)
+		deliver(CreditRequest(other, here, 720*time.Hour), KeyReused)
+	}
 	transferOutcome(t, pool, CreditRequest(owed, there, 720*time.Hour), NotOwner)
-
-	mustExec(t, pool, "DELETE FROM idempotency_record WHERE scope = $1", CreditScope)
-	transferOutcome(t, pool, credit, RecordMissing)
+	var records int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_record WHERE scope = $1", CreditScope).Scan(&records); err != nil || records != 0 {
+		t.Fatalf("%d credit records (%v), want none: a credit's ledger row is its record", records, err)
+	}
 	if d, c, _ := legs(t, pool, "t-x"); d != 0 || c != 1 {
 		t.Fatalf("%d debits and %d credits, want the one credit", d, c)
 	}
+
+	// A credit deleted by hand, with the record an earlier release wrote for it left behind: it
+	// applies again, once.
+	mustExec(t, pool, "DELETE FROM ledger_entries WHERE transfer_id = 't-x'")
+	mustExec(t, pool, `INSERT INTO idempotency_record (key, scope, request_hash, keyspace_id, response, state)
+		VALUES ('t-x', $1, $2, 42, '{"status": 201}', 'completed')`, CreditScope, credit.RequestHash)
+	deliver(credit, Applied)
+	deliver(credit, Replayed)
+	if d, c, _ := legs(t, pool, "t-x"); d != 0 || c != 1 {
+		t.Fatalf("after the credit was deleted by hand: %d debits and %d credits, want the one credit", d, c)
+	}
+
 	got, err := CreditTimes(ctx, pool, []string{"t-x", "t-none"})
 	if err != nil || len(got) != 1 || got["t-x"].IsZero() {
 		t.Errorf("CreditTimes = %v, %v; want t-x only", got, err)

@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/shardmap"
 )
 
@@ -31,14 +30,6 @@ ON CONFLICT (transfer_id) DO UPDATE
    SET settled_at = NULL, next_attempt_at = now(), attempts = 0, lease_owner = NULL, lease_until = NULL, last_error = EXCLUDED.last_error
  WHERE o.settled_at IS NOT NULL
 RETURNING xmax = 0`
-
-// forgetCreditSQL deletes, on the shard that owns the credit's account, the idempotency record
-// of a credit that is not in its ledger: a record that outlived its credit (a credit deleted by
-// hand) would answer the relay's delivery as a replay, and the credit would never be written.
-// The ledger's unique (transfer_id, kind), not the record, is what makes a credit apply once.
-const forgetCreditSQL = `DELETE FROM idempotency_record
- WHERE scope = $1 AND key = $2
-   AND NOT EXISTS (SELECT 1 FROM ledger_entries WHERE transfer_id = $2 AND kind = 'transfer_in')`
 
 // Repair makes every missing credit of r owed again, so that the relay delivers it once: it
 // re-reads every shard for a credit of each transfer first, and leaves alone any that has one
@@ -77,9 +68,6 @@ func Repair(ctx context.Context, m *shardmap.Map, pool func(shard string) *pgxpo
 			continue
 		}
 		dst := m.Route(l.Dst).Shard
-		if _, err := pool(dst).Exec(ctx, forgetCreditSQL, idem.CreditScope, l.TransferID); err != nil {
-			return owed, shardError(*m.Shard(dst), err)
-		}
 		var inserted bool
 		err := pool(l.Shard).QueryRow(ctx, oweAgainSQL, l.TransferID, repairNote).Scan(&inserted)
 		switch {

@@ -3,8 +3,9 @@
 // transaction leased it to that relay. Passes are the safety net: they claim the other
 // owed credits on each shard (FOR UPDATE SKIP LOCKED plus a lease, so any number of router
 // replicas relay side by side and one takes over a row whose lease ran out), delivers them to
-// the shard that owns dst through the same claim path as any transfer (scope shardgate:credit,
-// key = the transfer id), and only then marks them settled on the debit's shard. A delivery
+// the shard that owns dst through the same group functions as any transfer (kind transfer_in,
+// keyed by the transfer id, with its ledger row as its record), and only then marks them settled
+// on the debit's shard. A delivery
 // that committed but was never acknowledged is simply delivered again: it replays, and the
 // ledger's unique (transfer_id, kind) makes a second credit impossible in any case.
 package relay

@@ -6,7 +6,10 @@
 --   not_owner    this shard does not own p_keyspaces[i]; shard_map_version says which map it follows
 --   key_reused   (scope, key) belongs to another request hash, stored or in flight
 --   in_progress  the same request is in flight (another transaction, or earlier in this group)
---   replayed     a completed record with the same hash exists; stored_response is its response
+--   replayed     a completed record with the same hash exists; stored_response is its response.
+--                A credit (transfer_in) has no record of its own: its ledger row is its record.
+--                It is replayed when that row holds what the item would write, and key_reused
+--                when it holds anything else; stored_response is then the item's own response
 --   expired      the leg is in the ledger, older than p_retention, and its record is gone
 --   record_missing  the leg is in the ledger, younger than p_retention, and its record is gone
 --                (a retryable 503 and an alert, never a final 422)
@@ -37,7 +40,13 @@
 --   - a key's record is looked up only where it can be: a UUIDv7 key carries the time it was
 --     made (shardgate_key_floor), no record is dated before it less shardgate_record_floor's
 --     early_by, and partitions before unchecked_before (records written before that rule) are
---     always read.
+--     always read;
+--   - a credit writes its ledger row alone, and is looked up there (one probe of the ledger's
+--     unique (transfer_id, kind)): the ledger row is what makes a credit apply once, its fields
+--     are everything the credit's request hash covers, and its key (the transfer id) carries no
+--     time, so a record of its own would cost a row, and a lookup in every partition for it and
+--     for every other item of its group. Credit records written by earlier releases are left to
+--     expire with their partitions and are not read.
 -- shardgate_apply_rows has the same contract item by item; idem.setWiseFrom chooses.
 CREATE OR REPLACE FUNCTION shardgate_apply_batch(
     p_kinds text[], p_scopes text[], p_keys text[], p_request_hashes text[], p_keyspaces bigint[],
@@ -85,12 +94,12 @@ BEGIN
     --    when a key has no floor), and the date before which records may predate the floor.
     SELECT array_agg(o.early ORDER BY o.i), coalesce(array_agg(o.i ORDER BY o.i) FILTER (WHERE o.early = 'later'), '{}'),
            array_agg(o.key_floor ORDER BY o.i),
-           CASE WHEN bool_and(o.key_floor IS NOT NULL)
-                THEN min(o.key_floor) - coalesce((SELECT f.early_by FROM shardgate_record_floor f), '0')
+           CASE WHEN bool_and(o.key_floor IS NOT NULL OR o.credit)
+                THEN coalesce(min(o.key_floor), 'infinity') - coalesce((SELECT f.early_by FROM shardgate_record_floor f), '0')
                 ELSE '-infinity' END,
            coalesce((SELECT f.unchecked_before FROM shardgate_record_floor f), 'infinity')
       INTO decided, later, floors, lookup_floor, unchecked
-      FROM (SELECT w.i, w.key_floor, CASE
+      FROM (SELECT w.i, w.key_floor, w.credit, CASE
                    WHEN NOT w.owned THEN 'not_owner'
                    WHEN w.first < w.i THEN 'later'
                    WHEN NOT pg_try_advisory_xact_lock(hashtextextended(w.ident || E'\n' || w.request_hash, 2)) THEN 'in_progress'
@@ -98,33 +107,51 @@ BEGIN
                    END AS early
               FROM (SELECT v.*, min(v.i) FILTER (WHERE v.owned) OVER (PARTITION BY v.ident) AS first
                       FROM (SELECT t.i::integer AS i, t.s || E'\n' || t.k AS ident, t.h AS request_hash, shardgate_key_floor(t.k) AS key_floor,
+                                   t.kind = 'transfer_in' AS credit,
                                    EXISTS (SELECT 1 FROM shardgate_owned_range o WHERE o.active AND o.lo <= t.ks AND (o.hi IS NULL OR t.ks < o.hi)) AS owned
-                              FROM unnest(p_scopes, p_keys, p_request_hashes, p_keyspaces) WITH ORDINALITY AS t(s, k, h, ks, i)) v) w) o;
+                              FROM unnest(p_scopes, p_keys, p_request_hashes, p_keyspaces, p_kinds) WITH ORDINALITY AS t(s, k, h, ks, kind, i)) v) w) o;
 
     -- 2. A fresh snapshot, after the locks: each key's record, in whatever partition it can be.
     --    The bounds are parameters known when the statement starts, so PostgreSQL leaves out
     --    (initial pruning) every partition that ends before lookup_floor and begins at or after
-    --    unchecked. A record decides; without one, a lock held elsewhere does.
+    --    unchecked. A credit is looked up in the ledger instead. Each LIMIT 1 keeps its subquery
+    --    apart, so that the item's own conditions gate it (a one-time filter): a debit reads no
+    --    ledger here, a credit no records. A record (a credit's ledger row) decides; without one, a
+    --    lock held elsewhere does.
     SELECT array_agg(CASE
-               WHEN t.early IN ('not_owner', 'later') OR rec.request_hash IS NULL THEN t.early
+               WHEN t.early IN ('not_owner', 'later') THEN t.early
+               WHEN t.kind = 'transfer_in' THEN CASE WHEN leg.same THEN 'replayed' WHEN NOT leg.same THEN 'key_reused' ELSE t.early END
+               WHEN rec.request_hash IS NULL THEN t.early
                WHEN rec.request_hash <> t.h THEN 'key_reused'
                WHEN rec.state = 'completed' THEN 'replayed'
                ELSE 'in_progress' END ORDER BY t.i),
-           array_agg(CASE WHEN rec.request_hash = t.h AND rec.state = 'completed' THEN rec.response END ORDER BY t.i)
+           array_agg(CASE WHEN leg.same THEN t.resp
+                          WHEN rec.request_hash = t.h AND rec.state = 'completed' THEN rec.response END ORDER BY t.i)
       INTO decided, stored
-      FROM unnest(p_scopes, p_keys, p_request_hashes, decided) WITH ORDINALITY AS t(s, k, h, early, i)
+      FROM unnest(p_kinds, p_scopes, p_keys, p_request_hashes, p_responses, p_transfer_ids, p_keyspaces, p_accounts,
+                  p_counterparties, p_amounts, p_currencies, p_references, p_clients, decided)
+           WITH ORDINALITY AS t(kind, s, k, h, resp, tid, ks, acct, cp, amount, cur, ref, client, early, i)
       LEFT JOIN LATERAL (SELECT ir.request_hash, ir.state, ir.response FROM idempotency_record ir
                           WHERE ir.scope = t.s AND ir.key = t.k
                             AND (ir.created_at >= lookup_floor OR ir.created_at < unchecked)
+                            AND t.kind <> 'transfer_in'
                             AND t.early IS DISTINCT FROM 'not_owner'
                             AND t.early IS DISTINCT FROM 'later'
-                          LIMIT 1) rec ON true;
+                          LIMIT 1) rec ON true
+      LEFT JOIN LATERAL (SELECT (l.keyspace_id, l.account_id, l.counterparty_id, l.amount, l.currency, l.reference, l.client)
+                                IS NOT DISTINCT FROM (t.ks, t.acct, t.cp, t.amount, t.cur, t.ref, t.client) AS same
+                           FROM ledger_entries l
+                          WHERE l.transfer_id = t.tid AND l.kind = 'transfer_in'
+                            AND t.kind = 'transfer_in'
+                            AND t.early IS DISTINCT FROM 'not_owner'
+                            AND t.early IS DISTINCT FROM 'later'
+                          LIMIT 1) leg ON true;
 
     -- 3. One statement writes what the items still undecided apply: the leg (the ledger's unique
     --    (transfer_id, kind) refuses one it holds already, record or no record; an inserted leg
     --    is the first undecided item's of its (transfer_id, kind), and any other item under the
-    --    same transfer id finds it in the ledger, as it would row by row), its completed record,
-    --    dated no earlier than its key's floor (raising 23514 when upkeep has not created the
+    --    same transfer id finds it in the ledger, as it would row by row), a debit's completed
+    --    record, dated no earlier than its key's floor (raising 23514 when upkeep has not created the
     --    partition for that date: the whole statement, and so the group, then rolls back), and a
     --    debit's credit: here, fenced by the same lock, when this shard owns dst, else owed
     --    (leased to the connection's router if it delivers its own credits).
@@ -145,7 +172,8 @@ BEGIN
          ORDER BY t.tid, t.kind, t.i),
     rec AS (
         INSERT INTO idempotency_record (key, scope, request_hash, keyspace_id, response, state, created_at)
-        SELECT app.k, app.s, app.h, app.ks, app.resp, 'completed', greatest(now(), app.kf) FROM app),
+        SELECT app.k, app.s, app.h, app.ks, app.resp, 'completed', greatest(now(), app.kf) FROM app
+         WHERE app.kind = 'transfer_out'),
     credit AS (
         INSERT INTO ledger_entries (transfer_id, keyspace_id, account_id, counterparty_id, amount, currency, kind, reference, client)
         SELECT app.tid, app.cks, app.cp, app.acct, app.amount, app.cur, 'transfer_in', app.ref, app.client

@@ -5,7 +5,8 @@
 -- more to set up than a handful of rows costs); from a few items on the set-wise function wins
 -- (idem.setWiseFrom chooses). The contract, outcomes and locking are the same; the idem tests
 -- run the same cases through both. An item's leg, record and credit are written in one
--- statement, and its record is looked up only where it can be, as in shardgate_apply_batch.
+-- statement, and its record is looked up only where it can be, as in shardgate_apply_batch; a
+-- credit (transfer_in) has no record and is looked up in the ledger.
 CREATE OR REPLACE FUNCTION shardgate_apply_rows(
     p_kinds text[], p_scopes text[], p_keys text[], p_request_hashes text[], p_keyspaces bigint[],
     p_transfer_ids text[], p_clients text[], p_accounts bigint[], p_counterparties bigint[],
@@ -84,10 +85,21 @@ BEGIN
             if_absent := 'key_reused';
         END IF;
         key_floor := shardgate_key_floor(p_keys[i]);
-        SELECT ir.request_hash, ir.state, ir.response INTO prior
-          FROM idempotency_record ir
-         WHERE ir.scope = p_scopes[i] AND ir.key = p_keys[i]
-           AND (ir.created_at >= coalesce(key_floor - early, '-infinity') OR ir.created_at < unchecked);
+        IF p_kinds[i] = 'transfer_in' THEN
+            -- A credit's ledger row is its record: the same row replays, any other is another request.
+            SELECT CASE WHEN (l.keyspace_id, l.account_id, l.counterparty_id, l.amount, l.currency, l.reference, l.client)
+                             IS NOT DISTINCT FROM (p_keyspaces[i], p_accounts[i], p_counterparties[i], p_amounts[i],
+                                                   p_currencies[i], p_references[i], p_clients[i])
+                        THEN p_request_hashes[i] ELSE '' END AS request_hash,
+                   'completed' AS state, p_responses[i] AS response INTO prior
+              FROM ledger_entries l
+             WHERE l.transfer_id = p_transfer_ids[i] AND l.kind = 'transfer_in';
+        ELSE
+            SELECT ir.request_hash, ir.state, ir.response INTO prior
+              FROM idempotency_record ir
+             WHERE ir.scope = p_scopes[i] AND ir.key = p_keys[i]
+               AND (ir.created_at >= coalesce(key_floor - early, '-infinity') OR ir.created_at < unchecked);
+        END IF;
         IF FOUND THEN
             IF prior.request_hash <> p_request_hashes[i] THEN
                 outcome := 'key_reused';
@@ -105,7 +117,7 @@ BEGIN
             CONTINUE;
         END IF;
 
-        -- The leg, its completed record dated no earlier than its key's floor (raising 23514 when
+        -- The leg, a debit's completed record dated no earlier than its key's floor (raising 23514 when
         -- upkeep has not created the partition for that date: the whole statement then rolls
         -- back), and a debit's credit: here, fenced by the same lock, when this shard owns dst,
         -- else owed (leased to the connection's router if it delivers its own credits). All or
@@ -120,7 +132,8 @@ BEGIN
             RETURNING 1),
         rec AS (
             INSERT INTO idempotency_record (key, scope, request_hash, keyspace_id, response, state, created_at)
-            SELECT p_keys[i], p_scopes[i], p_request_hashes[i], p_keyspaces[i], p_responses[i], 'completed', greatest(now(), key_floor) FROM leg),
+            SELECT p_keys[i], p_scopes[i], p_request_hashes[i], p_keyspaces[i], p_responses[i], 'completed', greatest(now(), key_floor)
+              FROM leg WHERE p_kinds[i] = 'transfer_out'),
         credit AS (
             INSERT INTO ledger_entries (transfer_id, keyspace_id, account_id, counterparty_id, amount, currency, kind, reference, client)
             SELECT p_transfer_ids[i], p_counter_keyspaces[i], p_counterparties[i], p_accounts[i], p_amounts[i], p_currencies[i], 'transfer_in', p_references[i], p_clients[i]

@@ -59,11 +59,19 @@ var (
 		"concurrencies to measure: pgbench clients, load generator workers")
 	paramLatency = newParam("bench.latency", "SHARDGATE_BENCH_LATENCY", "1,8",
 		"concurrencies, among -bench.concurrency, at which the router's latency is measured with group commit on and off; empty for none")
+	paramAged = newParam("bench.aged", "SHARDGATE_BENCH_AGED", "0",
+		"days every shard has run: it holds an idempotency_record partition for each day before today (29: an aged shard at the default retention)")
+	paramStatements = newParam("bench.statements", "SHARDGATE_BENCH_STATEMENTS", "0",
+		"print, after each phase of the same, cross and peer rows, the N statements PostgreSQL spent the most time on, per transfer (pg_stat_statements; 0: none)")
 	paramRows = newParam("bench.rows", "SHARDGATE_BENCH_ROWS", "all",
 		"the rows to measure: all, or a list of "+strings.Join(rowNames[:], ",")+" (off: group commit off, at the -bench.latency concurrencies)")
 )
 
 const (
+	// maxAged is a year of daily partitions, more than any retention the router accepts needs.
+	maxAged = 366
+	// maxStatements bounds -bench.statements to what a terminal shows.
+	maxStatements = 100
 	// maxConcurrency keeps a client id within the 1024 that transfer_new.sql's keys encode.
 	maxConcurrency = 500
 	// maxLevels and maxRounds keep the runs of transfer_new.sql, each starting its count
@@ -80,6 +88,8 @@ type settings struct {
 	concurrency []int // ascending
 	latency     []int // ascending, a subset of concurrency
 	rows        []row // measured, in table order
+	aged        int   // days of record partitions before today on every shard
+	statements  int   // statements to print per phase (0: none)
 }
 
 // param is a benchmark parameter: a flag, else an environment variable, else the default.
@@ -136,6 +146,14 @@ func loadSettings() (settings, error) {
 	v, src = paramRows.get(given)
 	if s.rows, err = parseRows(v); err != nil {
 		return s, fmt.Errorf("%s %q: %w", src, v, err)
+	}
+	v, src = paramAged.get(given)
+	if s.aged, err = strconv.Atoi(v); err != nil || s.aged < 0 || s.aged > maxAged {
+		return s, fmt.Errorf("%s %q: days must be a whole number from 0 to %d", src, v, maxAged)
+	}
+	v, src = paramStatements.get(given)
+	if s.statements, err = strconv.Atoi(v); err != nil || s.statements < 0 || s.statements > maxStatements {
+		return s, fmt.Errorf("%s %q: statements must be a whole number from 0 to %d", src, v, maxStatements)
 	}
 	return s, nil
 }
@@ -542,18 +560,22 @@ func TestLoadSettingsFromEnvironment(t *testing.T) {
 		want    settings
 		wantErr string
 	}{
-		{nil, settings{3 * time.Second, 1, []int{1, 8, 64, 256}, []int{1, 8}, nil}, ""},
+		{nil, settings{3 * time.Second, 1, []int{1, 8, 64, 256}, []int{1, 8}, nil, 0, 0}, ""},
 		{map[string]string{"SHARDGATE_BENCH_DURATION": "2s", "SHARDGATE_BENCH_CONCURRENCY": "16,4"},
 			settings{}, "-bench.latency: concurrency 1 is not among"},
 		{map[string]string{"SHARDGATE_BENCH_DURATION": "2s", "SHARDGATE_BENCH_CONCURRENCY": "16,4", "SHARDGATE_BENCH_LATENCY": ","},
-			settings{2 * time.Second, 1, []int{4, 16}, nil, nil}, ""},
+			settings{2 * time.Second, 1, []int{4, 16}, nil, nil, 0, 0}, ""},
 		{map[string]string{"SHARDGATE_BENCH_DURATION": "1500ms"}, settings{}, "whole number of seconds"},
 		{map[string]string{"SHARDGATE_BENCH_ROUNDS": "0"}, settings{}, "from 1 to 100"},
 		{map[string]string{"SHARDGATE_BENCH_LATENCY": "1,16"}, settings{}, "16 is not among"},
 		{map[string]string{"SHARDGATE_BENCH_CONCURRENCY": "8", "SHARDGATE_BENCH_LATENCY": "8"},
-			settings{3 * time.Second, 1, []int{8}, []int{8}, nil}, ""},
-		{map[string]string{"SHARDGATE_BENCH_ROWS": "cross,same,peer"}, settings{3 * time.Second, 1, []int{1, 8, 64, 256}, []int{1, 8}, []row{routerNewRow, crossNewRow, peerRow}}, ""},
+			settings{3 * time.Second, 1, []int{8}, []int{8}, nil, 0, 0}, ""},
+		{map[string]string{"SHARDGATE_BENCH_ROWS": "cross,same,peer"}, settings{3 * time.Second, 1, []int{1, 8, 64, 256}, []int{1, 8}, []row{routerNewRow, crossNewRow, peerRow}, 0, 0}, ""},
 		{map[string]string{"SHARDGATE_BENCH_ROWS": "same,crosss"}, settings{}, `no row "crosss"`},
+		{map[string]string{"SHARDGATE_BENCH_AGED": "29"}, settings{3 * time.Second, 1, []int{1, 8, 64, 256}, []int{1, 8}, nil, 29, 0}, ""},
+		{map[string]string{"SHARDGATE_BENCH_AGED": "-1"}, settings{}, "days must be a whole number from 0 to 366"},
+		{map[string]string{"SHARDGATE_BENCH_STATEMENTS": "12"}, settings{3 * time.Second, 1, []int{1, 8, 64, 256}, []int{1, 8}, nil, 0, 12}, ""},
+		{map[string]string{"SHARDGATE_BENCH_STATEMENTS": "many"}, settings{}, "statements must be a whole number from 0 to 100"},
 	}
 	for _, tt := range tests {
 		for k, v := range tt.env {
@@ -573,7 +595,7 @@ func TestLoadSettingsFromEnvironment(t *testing.T) {
 		}
 		if err == nil && (got.duration != tt.want.duration || got.rounds != tt.want.rounds ||
 			!slices.Equal(got.concurrency, tt.want.concurrency) || !slices.Equal(got.latency, tt.want.latency) ||
-			tt.want.rows != nil && !slices.Equal(got.rows, tt.want.rows)) {
+			tt.want.rows != nil && !slices.Equal(got.rows, tt.want.rows) || got.aged != tt.want.aged || got.statements != tt.want.statements) {
 			t.Errorf("%v: settings %+v, want %+v", tt.env, got, tt.want)
 		}
 	}

@@ -73,7 +73,7 @@ func (f *fixture) prepareCross(ctx context.Context) error {
 		if _, err := idem.Migrate(ctx, pool); err != nil {
 			return fmt.Errorf("migrating %s: %w", db, err)
 		}
-		if _, err := idem.EnsurePartitions(ctx, pool, partition.Daily, time.Now(), 2); err != nil {
+		if err := f.partition(ctx, pool); err != nil {
 			return err
 		}
 		mapYAML += fmt.Sprintf("  - name: %s\n    dsn: %s\n    ranges: [%q]\n", x.names[i], x.dsns[i], [2]string{"-80", "80-"}[i])

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -55,17 +56,21 @@ type fixture struct {
 	admin *pgxpool.Pool // for setup and checks, not used by any side under test
 	// pg2 and admin2 are a second PostgreSQL server, the second cross shard's: two shards are
 	// two servers, each with its own WAL and its own flushes, as in production.
-	pg2      *localpg.Server
-	admin2   *pgxpool.Pool
-	dir      string
-	shardMap *shardmap.Map
-	base     *config.Config // what every router's config has but its pool and group commit
-	floor    *server
-	pgbench  pgbench
-	cross    *crossShards      // the cross-shard phases' two shards
-	vars     map[string]string // transfer_new.sql's -D values but n
-	created  []transfer        // by the routers, for their replays
-	runs     int               // of transfer_new.sql so far
+	pg2    *localpg.Server
+	admin2 *pgxpool.Pool
+	dir    string
+	aged   int // days of record partitions before today on every shard (-bench.aged)
+	// statements is how many statements each phase of the same, cross and peer rows prints
+	// (-bench.statements); both servers load pg_stat_statements when it is not 0.
+	statements int
+	shardMap   *shardmap.Map
+	base       *config.Config // what every router's config has but its pool and group commit
+	floor      *server
+	pgbench    pgbench
+	cross      *crossShards      // the cross-shard phases' two shards
+	vars       map[string]string // transfer_new.sql's -D values but n
+	created    []transfer        // by the routers, for their replays
+	runs       int               // of transfer_new.sql so far
 	// connecting is, per concurrency, how long pgbench's clients may take to connect: half as
 	// long again as the slowest seen (pgbenchRun.connecting), a guess before the first run.
 	connecting map[int]time.Duration
@@ -78,7 +83,7 @@ type fixture struct {
 // setup starts a durable PostgreSQL, migrates it as a shard owning the whole keyspace, creates
 // the anchor's tables, serves the floor, and checks that the floor answers as the router does.
 func setup(ctx context.Context, b *testing.B, s settings, pgbenchBin string) *fixture {
-	f := &fixture{dir: b.TempDir(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), connecting: map[int]time.Duration{}}
+	f := &fixture{aged: s.aged, statements: s.statements, dir: b.TempDir(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), connecting: map[int]time.Duration{}}
 	for _, c := range s.concurrency {
 		f.connecting[c] = time.Duration(c) * 10 * time.Millisecond // about what each took here, c=256 up to 2.5 s
 	}
@@ -87,6 +92,11 @@ func setup(ctx context.Context, b *testing.B, s settings, pgbenchBin string) *fi
 	}
 	f.pg, f.admin = f.startPostgres(ctx, b, "pg", f.maxConnsFor(slices.Max(s.concurrency)))
 	f.pg2, f.admin2 = f.startPostgres(ctx, b, "pg2", min(slices.Max(s.concurrency), routerMaxConns)+30)
+	if f.statements > 0 {
+		if err := createStatementViews(ctx, f.admin, f.admin2); err != nil {
+			b.Fatal(err)
+		}
+	}
 	f.pgbench = pgbench{bin: pgbenchBin, host: "127.0.0.1", port: f.pg.Port(), user: pgUser, db: pgDatabase}
 	if err := f.prepareShard(ctx); err != nil {
 		b.Fatal(err)
@@ -121,6 +131,15 @@ func (f *fixture) maxConnsFor(maxC int) int {
 	return f.maxConns
 }
 
+// serverSettings are a benchmark server's settings beyond localpg's durable defaults.
+func (f *fixture) serverSettings(maxConns int) map[string]string {
+	settings := map[string]string{"max_connections": strconv.Itoa(maxConns)}
+	if f.statements > 0 {
+		maps.Copy(settings, statementSettings)
+	}
+	return settings
+}
+
 // startPostgres starts a server in dir with maxConns connections and returns it with an admin
 // pool, refusing to go on unless it is durable.
 func (f *fixture) startPostgres(ctx context.Context, b *testing.B, dir string, maxConns int) (*localpg.Server, *pgxpool.Pool) {
@@ -129,7 +148,7 @@ func (f *fixture) startPostgres(ctx context.Context, b *testing.B, dir string, m
 		User:     pgUser,
 		Database: pgDatabase,
 		Durable:  true, // fsync on: a commit costs what it costs in production
-		Settings: map[string]string{"max_connections": strconv.Itoa(maxConns)},
+		Settings: f.serverSettings(maxConns),
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -163,7 +182,7 @@ func (f *fixture) prepareShard(ctx context.Context) error {
 	if _, err := idem.Migrate(ctx, f.admin); err != nil {
 		return err
 	}
-	if _, err := idem.EnsurePartitions(ctx, f.admin, partition.Daily, time.Now(), 2); err != nil {
+	if err := f.partition(ctx, f.admin); err != nil {
 		return err
 	}
 	for _, schema := range []string{"anchor", "peer"} {
@@ -362,4 +381,37 @@ func (f *fixture) pgbenchVars(ctx context.Context) (map[string]string, error) {
 		"response":     response,
 		"retention":    strconv.FormatInt(int64(f.base.Idempotency.Retention/time.Second), 10) + " seconds",
 	}, nil
+}
+
+// partition gives a shard's idempotency_record today's partition and two ahead, and one for each
+// of the f.aged days before today, as upkeep leaves a shard that has run that long (every record
+// under the rule that dates it no earlier than its key: see shardgate_record_floor). A lookup
+// bounded by a key's time reads one or two of them; an unbounded one reads them all.
+func (f *fixture) partition(ctx context.Context, pool *pgxpool.Pool) error {
+	if _, err := idem.EnsurePartitions(ctx, pool, partition.Daily, time.Now(), 2); err != nil {
+		return err
+	}
+	if f.aged == 0 {
+		return nil
+	}
+	_, err := pool.Exec(ctx, `DO $$
+DECLARE
+    d date;
+    name text;
+BEGIN
+    FOR i IN 1 .. `+strconv.Itoa(f.aged)+` LOOP
+        d := (now() AT TIME ZONE 'UTC')::date - i;
+        name := 'idempotency_record_' || to_char(d, 'YYYY_MM_DD');
+        EXECUTE format('CREATE TABLE %I (LIKE idempotency_record INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', name);
+        EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I UNIQUE (scope, key)', name, name || '_scope_key');
+        EXECUTE format('ALTER TABLE idempotency_record ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                       name, d::timestamp AT TIME ZONE 'UTC', (d + 1)::timestamp AT TIME ZONE 'UTC');
+    END LOOP;
+    UPDATE shardgate_record_floor SET unchecked_before = now() - make_interval(days => `+strconv.Itoa(f.aged+1)+`);
+END
+$$`)
+	if err != nil {
+		return fmt.Errorf("ageing a shard by %d days: %w", f.aged, err)
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strconv"
 	"testing"
@@ -51,7 +52,13 @@ func (f *fixture) runLevel(ctx context.Context, b *testing.B, s settings, round,
 	}
 	for _, r := range order {
 		name := fmt.Sprintf("round %d, c=%d, %s", round+1, c, r)
+		statements := f.statements > 0 && statementRow(r)
 		res[r].add(f.phase(ctx, b, name, r, func() (measurement, error) {
+			if statements {
+				if err := f.resetStatements(ctx); err != nil {
+					return measurement{}, err
+				}
+			}
 			before, err := f.cpuNow()
 			if err != nil {
 				return measurement{}, err
@@ -59,6 +66,10 @@ func (f *fixture) runLevel(ctx context.Context, b *testing.B, s settings, round,
 			m, err := f.measure(ctx, r, c, s.duration, on, off, peer.server)
 			after, cpuErr := f.cpuNow()
 			m.cpu = after.minus(before)
+			if err == nil && statements {
+				// A cross-shard phase's statements include its warm-up's and its deliveries.
+				err = f.reportStatements(ctx, os.Stdout, name, max(m.txns, m.committed))
+			}
 			return m, errors.Join(err, cpuErr)
 		}))
 	}
