@@ -237,9 +237,23 @@ func (c *foCluster) postOnce(key, body string) int {
 	if err != nil {
 		return 0
 	}
-	req.Header.Set("Authorization", "Bearer token-a")
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
+	return c.status(req)
+}
+
+// getOnce sends GET path; a transport error is status 0.
+func (c *foCluster) getOnce(path string) int {
+	req, err := http.NewRequest(http.MethodGet, c.url+path, nil)
+	if err != nil {
+		return 0
+	}
+	return c.status(req)
+}
+
+// status sends req as client-a and returns the answer's status, 0 for a transport error.
+func (c *foCluster) status(req *http.Request) int {
+	req.Header.Set("Authorization", "Bearer token-a")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0
@@ -725,21 +739,6 @@ func TestReadsWaitForTheSyncStandby(t *testing.T) {
 	src, dst := c.account(0, 1000), c.account(0, 5000)
 	body := func(amount int) string { return fmt.Sprintf(`{"src":%d,"dst":%d,"amount":%d}`, src, dst, amount) }
 	id := func(key string) string { return router.TransferID(shardmap.KeyspaceID(src), "client-a:transfer", key) }
-	get := func(path string) int {
-		t.Helper()
-		req, err := http.NewRequest(http.MethodGet, c.url+path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Authorization", "Bearer token-a")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body) //nolint:errcheck // only the status matters
-		resp.Body.Close()
-		return resp.StatusCode
-	}
 	balance := fmt.Sprintf("/accounts/%d/balance", src)
 
 	kept := newKey()
@@ -775,21 +774,21 @@ func TestReadsWaitForTheSyncStandby(t *testing.T) {
 	if err := admin.QueryRow(ctx, "SELECT count(*) FROM ledger_entries WHERE transfer_id = $1 AND kind = 'transfer_out'", id(lost)).Scan(&visible); err != nil || visible != 1 {
 		t.Fatalf("the transfer is %d times on the primary (%v): the test needs it visible there", visible, err)
 	}
-	if got := get("/transfers/" + id(lost)); got != http.StatusServiceUnavailable {
+	if got := c.getOnce("/transfers/" + id(lost)); got != http.StatusServiceUnavailable {
 		t.Errorf("GET of a transfer the standby lacks: %d, want 503", got)
 	}
-	if got := get(balance); got != http.StatusServiceUnavailable {
+	if got := c.getOnce(balance); got != http.StatusServiceUnavailable {
 		t.Errorf("GET of a balance that counts a transfer the standby lacks: %d, want 503", got)
 	}
 
 	c.failOver(0)
-	if got := get("/transfers/" + id(lost)); got != http.StatusNotFound {
+	if got := c.getOnce("/transfers/" + id(lost)); got != http.StatusNotFound {
 		t.Errorf("after the failover, GET of the transfer the standby lacked: %d, want 404", got)
 	}
-	if got := get("/transfers/" + id(kept)); got != http.StatusOK {
+	if got := c.getOnce("/transfers/" + id(kept)); got != http.StatusOK {
 		t.Errorf("after the failover, GET of the transfer the standby had: %d, want 200", got)
 	}
-	if got := get(balance); got != http.StatusOK {
+	if got := c.getOnce(balance); got != http.StatusOK {
 		t.Errorf("after the failover, GET of the balance: %d, want 200", got)
 	}
 }
