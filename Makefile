@@ -92,10 +92,11 @@ bench-compare-smoke:
 	./scripts/bench-compare.sh -r 1 -d 1 -c 1,8 -a 3 HEAD
 
 ## bench-move: move a key range of S transfers (SIZES, default 10000 100000) between two local
-## shards under load through a router (8 HTTP clients at 50 transfers/s), printing apply time,
+## shards (a PostgreSQL server each, fsync on) under load through a router (8 HTTP clients at 50
+## transfers/s), with `router shardmap apply --map` as a process of its own, printing apply time,
 ## rows/s, the moving and other ranges' longest time without a 201, their non-201 answers and
 ## p99, then checking every row; PACE sets the apply's pace (rangemove.DefaultPace unless set)
-## (scripts/bench-move.sh takes -c, -r and -p)
+## (scripts/bench-move.sh takes -c, -r, -p and -s)
 bench-move: deps
 	./scripts/bench-move.sh $(if $(PACE),-p $(PACE)) $(SIZES)
 

@@ -26,7 +26,6 @@ import (
 	"github.com/shardgate/shardgate/config"
 	"github.com/shardgate/shardgate/idem"
 	"github.com/shardgate/shardgate/internal/testkit"
-	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/router"
 	"github.com/shardgate/shardgate/shardmap"
 	"github.com/shardgate/shardgate/topology"
@@ -43,32 +42,33 @@ const (
 // TestBenchMove is the range-move benchmark (scripts/bench-move.sh, `make bench-move`), run only
 // when SHARDGATE_BENCH_MOVE is set to the number of transfers S to seed: S transfers into the
 // range 40-80 of shard sa (nine in ten credit an account of the same range, one in ten an
-// account of 80- on sb, whose credit is owed), with the rows a router writes for them. A
+// account of 80- on sb, whose credit is owed), with the rows a router writes for them. The
+// shards are servers of their own unless SHARDGATE_BENCH_MOVE_SERVERS is 1 (benchCluster). A
 // router (buffering at its defaults) serves the two shards over HTTP from a map file, and
 // SHARDGATE_BENCH_MOVE_CLIENTS clients (8 unless set), each posting at most
 // SHARDGATE_BENCH_MOVE_RATE transfers a second (50 unless set), half from accounts of 40-80
-// and half from -40, retry a 503 after 50 ms with the same key, while 40-80 moves to sb, paced
-// at SHARDGATE_BENCH_MOVE_PACE (DefaultPace unless set). The seed is settled first (settle). The
-// apply puts the new map file in place once the range is fenced, as `apply --map` does; the
-// router finds it through the refusal of the old owner. It prints the apply time and rate,
-// for each range the longest time without a 201, the answers that were not 201, and p99
-// latency (first send to 201) before and during the move with their ratio, and the router's
-// buffering; then
-// it checks every row (checkMoved).
+// and half from -40, retry a 503 after 50 ms with the same key, while 40-80 moves to sb with
+// `router shardmap apply --map`, a process of its own as an operator runs it (applyCommand),
+// paced at SHARDGATE_BENCH_MOVE_PACE (DefaultPace unless set). The seed is settled first
+// (settle). The apply puts the new map file in place once the range is fenced; the router finds
+// it through the refusal of the old owner. It prints the apply time and rate, for each range the
+// longest time without a 201, the answers that were not 201, and p99 latency (first send to
+// 201) before and during the move with their ratio, the servers' checkpoints and WAL, what the
+// shards' backends were doing (sampleWaits), and the router's buffering; then it checks every
+// row (checkMoved).
 func TestBenchMove(t *testing.T) {
 	size, _ := strconv.Atoi(os.Getenv("SHARDGATE_BENCH_MOVE"))
 	if size <= 0 {
 		t.Skip("set SHARDGATE_BENCH_MOVE to the number of transfers to seed")
 	}
 	clients, rate := envInt("SHARDGATE_BENCH_MOVE_CLIENTS", 8), max(envInt("SHARDGATE_BENCH_MOVE_RATE", 50), 1)
-	ctx := context.Background()
-	c := newCluster(t, "sa", "sb")
+	c, servers := benchCluster(t)
 	mapPath := filepath.Join(t.TempDir(), "shardmap.yaml")
 	dsn := func(name string) string { return c.pool(name).Config().ConnString() }
 	c.mustApply(testkit.WriteShardMap(t, mapPath, 1, benchMapBefore, dsn))
 	acc := benchAccounts(t)
 	seeded := seedMoving(t, c, acc, size)
-	settle(t, c)
+	settle(t, c, servers)
 	pace := DefaultPace
 	if v := os.Getenv("SHARDGATE_BENCH_MOVE_PACE"); v != "" {
 		var err error
@@ -81,53 +81,47 @@ func TestBenchMove(t *testing.T) {
 	srv := httptest.NewServer(rt)
 	defer srv.Close()
 	load := startLoad(srv.URL, acc, clients, rate)
+	waits := sampleWaits(c, "sa", "sb")
+	defer waits.stop()
 	if clients > 0 {
-		time.Sleep(warmUp + beforeMove)
+		time.Sleep(warmUp)
 	}
-	if hold, err := time.ParseDuration(os.Getenv("SHARDGATE_BENCH_MOVE_HOLD")); err == nil && hold > 0 {
-		// An experiment: the move listed (its change capture on) but its copy held up after the
-		// first batch, so that what the capture alone costs shows in the timeline's first windows.
-		held := false
-		testHook = func(point string) {
-			if point == "copy" && !held {
-				held = true
-				time.Sleep(hold)
-			}
-		}
-		defer func() { testHook = nil }()
+	h0 := routerHistograms(t, reg, "sa")
+	if clients > 0 {
+		time.Sleep(beforeMove)
 	}
-	bg := backgroundWork(t, c)
+	experiments(t, c, load)
+	h1 := routerHistograms(t, reg, "sa")
+	bg := backgroundWork(t, c, servers)
+	next := filepath.Join(filepath.Dir(mapPath), "next.yaml")
+	testkit.WriteShardMap(t, next, 2, benchMapAfter, dsn)
+	var atGrant serverWork
 	moveStart := time.Now()
-	var lastReport, granted time.Time
-	moves, err := Apply(ctx, testkit.ShardMap(t, 2, benchMapAfter, dsn), c.pool, Options{Interval: partition.Daily, Pace: pace,
-		OnFenced: func() error { testkit.WriteShardMap(t, mapPath, 2, benchMapAfter, dsn); return nil },
-		Progress: func(p Progress) {
-			if p.Phase == PhaseGranted {
-				granted = time.Now()
-			}
-			if p.Phase != PhaseCopying && p.Phase != PhaseCatchingUp || time.Since(lastReport) > 5*time.Second {
-				lastReport = time.Now()
-				fmt.Printf("  %s\n", FormatProgress(p))
-			}
-		}})
+	niceCtx, stopNice := context.WithCancel(context.Background())
+	niceApply(niceCtx, c)
+	ap := applyCommand(t, mapPath, next, pace, func() { atGrant = backgroundWork(t, c, servers) })
 	moveEnd := time.Now()
+	stopNice()
+	h2 := routerHistograms(t, reg, "sa")
 	if clients > 0 {
 		time.Sleep(time.Second)
 	}
 	load.stop()
-	if err != nil {
-		t.Fatal(err)
-	}
 	if load.err != nil {
 		t.Fatal(load.err)
 	}
-	mv := moves[0]
-	rows := mv.Records + mv.Ledger + mv.Credits
+	granted := ap.granted
+	rows := ap.records + ap.ledger + ap.credits
 	fmt.Printf("bench-move S=%d clients=%d×%d/s pace=%g: apply %v: granted after %v (%d rows copied: %d records, %d ledger rows, %d owed credits; %.0f rows/s), moved rows deleted from the old owner in %v\n",
-		size, clients, rate, pace, moveEnd.Sub(moveStart).Round(time.Millisecond), granted.Sub(moveStart).Round(time.Millisecond), rows, mv.Records, mv.Ledger, mv.Credits,
+		size, clients, rate, pace, moveEnd.Sub(moveStart).Round(time.Millisecond), granted.Sub(moveStart).Round(time.Millisecond), rows, ap.records, ap.ledger, ap.credits,
 		float64(rows)/granted.Sub(moveStart).Seconds(), moveEnd.Sub(granted).Round(time.Millisecond))
 	load.report(moveStart, granted, moveEnd)
-	fmt.Printf("  during the move: %s\n", backgroundWork(t, c).since(bg))
+	fmt.Printf("  up to the grant: %s\n", atGrant.since(bg))
+	fmt.Printf("  in the purge: %s\n", backgroundWork(t, c, servers).since(atGrant))
+	waits.report(moveStart.Add(-beforeMove), moveStart, moveEnd)
+	for _, name := range []string{"shardgate_shard_request_duration_seconds", "shardgate_group_commit_wait_seconds"} {
+		fmt.Printf("  sa's %s before the move: %s; during: %s\n", name, tails(h0, h1, name, .005, .01, .025), tails(h1, h2, name, .005, .01, .025))
+	}
 	fmt.Printf("  router buffering: %s\n", bufferSummary(t, reg))
 	checkMoved(t, c, mapPath, size, seeded, load.acked)
 }
@@ -241,7 +235,7 @@ func seedMoving(t *testing.T, c *cluster, acc map[string][]int64, size int) []se
 // is the load's own: it vacuums and analyzes both shards (the seed's inserts leave the
 // visibility map and the statistics to autovacuum, which would otherwise run while "before" is
 // measured) and checkpoints the server (whose dirty buffers the seed filled).
-func settle(t *testing.T, c *cluster) {
+func settle(t *testing.T, c *cluster, servers []string) {
 	t.Helper()
 	start := time.Now()
 	for _, shard := range []string{"sa", "sb"} {
@@ -249,20 +243,34 @@ func settle(t *testing.T, c *cluster) {
 			t.Fatalf("%s: vacuum: %v", shard, err)
 		}
 	}
-	if _, err := c.pool("sa").Exec(context.Background(), "CHECKPOINT"); err != nil {
-		t.Fatalf("checkpoint: %v", err)
+	for _, shard := range servers {
+		if _, err := c.pool(shard).Exec(context.Background(), "CHECKPOINT"); err != nil {
+			t.Fatalf("%s: checkpoint: %v", shard, err)
+		}
 	}
 	t.Logf("vacuumed, analyzed and checkpointed in %v", time.Since(start).Round(time.Millisecond))
 }
 
-// serverWork counts the server's checkpoints and the shards' autovacuum and autoanalyze runs.
-type serverWork struct{ timed, requested, vacuums, analyzes int64 }
+// serverWork counts, on each server (by the shard that names it), its checkpoints and the WAL it
+// wrote, and the shards' autovacuum and autoanalyze runs.
+type serverWork struct {
+	servers           []string
+	timed, requested  map[string]int64
+	wal               map[string]int64 // pg_current_wal_lsn, in bytes
+	vacuums, analyzes int64
+}
 
-func backgroundWork(t *testing.T, c *cluster) serverWork {
+// backgroundWork counts them now; servers names a shard of each server.
+func backgroundWork(t *testing.T, c *cluster, servers []string) serverWork {
 	t.Helper()
-	var w serverWork
-	if err := c.pool("sa").QueryRow(context.Background(), "SELECT checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter").Scan(&w.timed, &w.requested); err != nil {
-		t.Fatal(err)
+	w := serverWork{servers: servers, timed: map[string]int64{}, requested: map[string]int64{}, wal: map[string]int64{}}
+	for _, shard := range servers {
+		var timed, requested, wal int64
+		if err := c.pool(shard).QueryRow(context.Background(),
+			"SELECT checkpoints_timed, checkpoints_req, pg_current_wal_lsn() - '0/0' FROM pg_stat_bgwriter").Scan(&timed, &requested, &wal); err != nil {
+			t.Fatal(err)
+		}
+		w.timed[shard], w.requested[shard], w.wal[shard] = timed, requested, wal
 	}
 	for _, shard := range []string{"sa", "sb"} {
 		var v, a int64
@@ -276,8 +284,16 @@ func backgroundWork(t *testing.T, c *cluster) serverWork {
 
 // since says what w counts beyond before.
 func (w serverWork) since(before serverWork) string {
-	return fmt.Sprintf("%d checkpoints timed and %d requested (the whole server's), %d autovacuums and %d autoanalyzes on the two shards",
-		w.timed-before.timed, w.requested-before.requested, w.vacuums-before.vacuums, w.analyzes-before.analyzes)
+	var parts []string
+	for _, s := range w.servers {
+		name := "the server of sa and sb"
+		if len(w.servers) > 1 {
+			name = s + "'s server"
+		}
+		parts = append(parts, fmt.Sprintf("%s %d checkpoints timed and %d requested, %.0f MB of WAL", name,
+			w.timed[s]-before.timed[s], w.requested[s]-before.requested[s], float64(w.wal[s]-before.wal[s])/1e6))
+	}
+	return fmt.Sprintf("%s; %d autovacuums and %d autoanalyzes on the two shards", strings.Join(parts, "; "), w.vacuums-before.vacuums, w.analyzes-before.analyzes)
 }
 
 // benchRouter is a router without auth over the map file at mapPath, and its registry.

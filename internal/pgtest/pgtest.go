@@ -33,7 +33,7 @@ var (
 // name=value pairs over localpg's defaults: a benchmark whose data outgrows the small test
 // server (shared_buffers=32MB) sizes it as a shard would be.
 func Main(m *testing.M) int {
-	settings, err := parseSettings(os.Getenv("SHARDGATE_PG_SETTINGS"))
+	settings, err := Settings()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "SHARDGATE_PG_SETTINGS: %v\n", err)
 		return 2
@@ -52,6 +52,12 @@ func Main(m *testing.M) int {
 	defer s.Close()
 	server = s
 	return m.Run()
+}
+
+// Settings are the server settings SHARDGATE_PG_SETTINGS gives, for a test that starts
+// servers of its own.
+func Settings() (map[string]string, error) {
+	return parseSettings(os.Getenv("SHARDGATE_PG_SETTINGS"))
 }
 
 // parseSettings reads space-separated name=value pairs.

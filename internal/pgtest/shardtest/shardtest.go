@@ -6,12 +6,14 @@ package shardtest
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/internal/localpg"
 	"github.com/shardgate/shardgate/internal/pgtest"
 	"github.com/shardgate/shardgate/partition"
 	"github.com/shardgate/shardgate/shardmap"
@@ -25,19 +27,56 @@ type Pools map[string]*pgxpool.Pool
 // a server the test is skipped (see pgtest.NewDB).
 func New(t testing.TB, names ...string) Pools {
 	t.Helper()
-	ctx := context.Background()
 	p := Pools{}
 	for _, n := range names {
-		pool := pgtest.NewDB(t, n+"_")
-		if _, err := idem.Migrate(ctx, pool); err != nil {
-			t.Fatalf("migrate shard %s: %v", n, err)
-		}
-		if _, err := idem.EnsurePartitions(ctx, pool, partition.Daily, time.Now(), 1); err != nil {
-			t.Fatalf("partitions of shard %s: %v", n, err)
-		}
-		p[n] = pool
+		p[n] = prepare(t, n, pgtest.NewDB(t, n+"_"))
 	}
 	return p
+}
+
+// OnServers creates a shard for each name as New does, but each on a PostgreSQL server of its
+// own, started with opts (localpg.Start) and stopped with the test: for benchmarks whose shards
+// must not share WAL, buffers and checkpoints, as shards on separate machines do not. Without
+// server binaries the test is skipped, unless CI is set, where it fails.
+func OnServers(t testing.TB, opts localpg.Options, names ...string) Pools {
+	t.Helper()
+	p := Pools{}
+	for _, n := range names {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		s, err := localpg.Start(ctx, opts)
+		cancel()
+		switch {
+		case err != nil && os.Getenv("CI") != "":
+			t.Fatalf("CI is set and PostgreSQL could not start for shard %s: %v", n, err)
+		case err != nil:
+			t.Skipf("PostgreSQL could not start for shard %s: %v", n, err)
+		}
+		t.Cleanup(func() {
+			if err := s.Close(); err != nil {
+				t.Errorf("stop the server of shard %s: %v", n, err)
+			}
+		})
+		pool, err := pgxpool.New(context.Background(), s.DSN()+"&pool_max_conns=20")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		p[n] = prepare(t, n, pool)
+	}
+	return p
+}
+
+// prepare migrates shard n's database and makes today's and tomorrow's partitions.
+func prepare(t testing.TB, n string, pool *pgxpool.Pool) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := idem.Migrate(ctx, pool); err != nil {
+		t.Fatalf("migrate shard %s: %v", n, err)
+	}
+	if _, err := idem.EnsurePartitions(ctx, pool, partition.Daily, time.Now(), 1); err != nil {
+		t.Fatalf("partitions of shard %s: %v", n, err)
+	}
+	return pool
 }
 
 // ForMap creates a shard for every shard of m, as New does, and grants each its ranges of m.
