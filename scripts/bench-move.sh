@@ -15,7 +15,7 @@
 # (the new map file is put in place once the range is fenced), paced at PACE
 # (rangemove.DefaultPace unless -p). It prints apply's output, then the apply time and rows/s,
 # and for the moving range and the other one: 201s during the move, the longest time without one,
-# the answers that were not 201, p99 latency (first send to 201) during the move and in the 10 s
+# the answers that were not 201, p99 latency (first send to 201) during the move and in the 30 s
 # before it, their ratio, p99 up to the grant and during the purge; the servers' checkpoints and
 # WAL up to the grant and in the purge; what the shards' backends were doing before and during
 # the move (sampled every 100 ms); and how the router's holdings ended. Then it checks every row:
@@ -28,6 +28,12 @@
 # -s 1 puts both shards on one server instead (two databases of the tests' server, fsync off,
 # sharing WAL, buffers and checkpoints), as the earlier figures in docs/operations.md were taken;
 # SHARDGATE_BENCH_MOVE_FSYNC=off turns fsync off on the servers of their own.
+#
+# Experiments, to tell what a move costs the other ranges from what the machine does: before the
+# move, SHARDGATE_BENCH_MOVE_CAPTURE=30s lists it with nothing copied (its change capture alone)
+# and SHARDGATE_BENCH_MOVE_BURN=30s runs a busy loop at nice 19 (no move at all), each printing
+# the other range's p99 then against just before; SHARDGATE_BENCH_MOVE_NICE=19 runs the apply and
+# its shards' backends at that nice value.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 clients=8 rate=50 pace= servers=2

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shardgate/shardgate/idem"
+	"github.com/shardgate/shardgate/internal/localpg"
 	"github.com/shardgate/shardgate/internal/pgtest"
 	"github.com/shardgate/shardgate/internal/testkit"
 	"github.com/shardgate/shardgate/partition"
@@ -61,5 +62,29 @@ func TestForMap(t *testing.T) {
 	o, err := idem.ReadOwnership(ctx, fresh.Pool("sx"))
 	if err != nil || o.Shard != "" || len(o.Ranges) != 0 {
 		t.Errorf("a new shard owns %+v (%v), want nothing", o, err)
+	}
+}
+
+// OnServers gives each shard a server of its own, with the options given, and prepares it as
+// New does.
+func TestOnServers(t *testing.T) {
+	ctx := context.Background()
+	p := OnServers(t, localpg.Options{Settings: map[string]string{"work_mem": "7MB"}}, "sa", "sb")
+	ports := map[uint16]string{}
+	for _, n := range []string{"sa", "sb"} {
+		pool := p.Pool(n)
+		if other, ok := ports[pool.Config().ConnConfig.Port]; ok {
+			t.Errorf("shards %s and %s share the server on port %d", other, n, pool.Config().ConnConfig.Port)
+		}
+		ports[pool.Config().ConnConfig.Port] = n
+		var workMem string
+		var partitioned bool
+		if err := pool.QueryRow(ctx, "SELECT current_setting('work_mem'), to_regclass($1) IS NOT NULL",
+			partition.At(partition.Daily, time.Now()).Name).Scan(&workMem, &partitioned); err != nil {
+			t.Fatalf("shard %s: %v", n, err)
+		}
+		if workMem != "7MB" || !partitioned {
+			t.Errorf("shard %s: work_mem %s, today's partition there: %v; want the settings given and a migrated shard", n, workMem, partitioned)
+		}
 	}
 }
