@@ -11,14 +11,14 @@ FUZZTIME ?= 50000x
 # or what git describes of the checkout. `make release VERSION=vX.Y.Z` sets it.
 VERSION ?= $(shell git describe --tags --match 'v[0-9]*' --always --dirty 2>/dev/null || echo devel)
 
-.PHONY: test test-local test-quick deps lint cross unit fuzz containers bench bench-smoke bench-compare bench-compare-smoke build run release release-snapshot bench-move
+.PHONY: test test-local test-quick deps lint cross unit fuzz containers bench bench-smoke bench-compare bench-compare-smoke build run release release-snapshot bench-move bench-move-smoke
 
 ## test: every check CI runs: lint, unit and integration tests with -race on local PostgreSQL
 ## processes, fuzzing, the benchmark smoke run, then the same suites on containers
 test: test-local containers
 
 ## test-local: everything but the container suites (for machines without Docker)
-test-local: deps lint release-snapshot unit fuzz bench-smoke bench-compare-smoke
+test-local: deps lint release-snapshot unit fuzz bench-smoke bench-compare-smoke bench-move-smoke
 
 ## test-quick: the unit and storage tests only (real PostgreSQL as local processes), for the
 ## edit-test loop: no lint, race detector, fuzzing, benchmarks, integration suite or containers.
@@ -99,6 +99,11 @@ bench-compare-smoke:
 ## (scripts/bench-move.sh takes -c, -r, -p and -s)
 bench-move: deps
 	./scripts/bench-move.sh $(if $(PACE),-p $(PACE)) $(SIZES)
+
+## bench-move-smoke: the range-move bench at 2,000 transfers with 2 s before the move, so that
+## it keeps working (its row checks included)
+bench-move-smoke: deps
+	SHARDGATE_BENCH_MOVE_BEFORE=2s ./scripts/bench-move.sh 2000
 
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/router ./cmd/router

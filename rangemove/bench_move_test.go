@@ -62,6 +62,9 @@ func TestBenchMove(t *testing.T) {
 		t.Skip("set SHARDGATE_BENCH_MOVE to the number of transfers to seed")
 	}
 	clients, rate := envInt("SHARDGATE_BENCH_MOVE_CLIENTS", 8), max(envInt("SHARDGATE_BENCH_MOVE_RATE", 50), 1)
+	if d, err := time.ParseDuration(os.Getenv("SHARDGATE_BENCH_MOVE_BEFORE")); err == nil && d > 0 {
+		beforeMove = d
+	}
 	c, servers := benchCluster(t)
 	mapPath := filepath.Join(t.TempDir(), "shardmap.yaml")
 	dsn := func(name string) string { return c.pool(name).Config().ConnString() }
@@ -333,11 +336,11 @@ type benchLoad struct {
 // The load runs warmUp (new connections, the router's first groups), then the beforeMove
 // whose latency the move's is compared with, before the move begins. A p99 needs samples: over
 // 10 s (2,000 transfers of the other range) it came out anywhere from 4.7 to 8.0 ms in runs
-// otherwise alike; over 30 s it is the 60th slowest of 6,000.
-const (
-	warmUp     = 2 * time.Second
-	beforeMove = 30 * time.Second
-)
+// otherwise alike; over 30 s it is the 60th slowest of 6,000. SHARDGATE_BENCH_MOVE_BEFORE (a
+// duration) shortens it for the smoke run.
+const warmUp = 2 * time.Second
+
+var beforeMove = 30 * time.Second
 
 // timelineStep is the window of the p99 timeline report prints.
 const timelineStep = 15 * time.Second
