@@ -89,11 +89,11 @@ func TestBenchMove(t *testing.T) {
 	if clients > 0 {
 		time.Sleep(warmUp)
 	}
+	experiments(t, c, load)
 	h0 := routerHistograms(t, reg, "sa")
 	if clients > 0 {
 		time.Sleep(beforeMove)
 	}
-	experiments(t, c, load)
 	h1 := routerHistograms(t, reg, "sa")
 	bg := backgroundWork(t, c, servers)
 	next := filepath.Join(filepath.Dir(mapPath), "next.yaml")

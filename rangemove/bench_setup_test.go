@@ -280,8 +280,9 @@ func niceApply(ctx context.Context, c *cluster) {
 	}()
 }
 
-// experiments runs, before the move, the experiments the environment asks for, each for its
-// duration, printing the other range's p99 in that time against the time before it:
+// experiments runs, before the move (and before the time before it), the experiments the
+// environment asks for, each for its duration after beforeMove of load alone, printing the other
+// range's p99 in that time against the beforeMove before it:
 // SHARDGATE_BENCH_MOVE_CAPTURE lists the move of 40-80 on sa with nothing copied, so its change
 // capture runs alone; SHARDGATE_BENCH_MOVE_BURN keeps one core busy with a loop at nice 19,
 // a process that shares nothing with the shards but the machine.
@@ -315,6 +316,7 @@ func experiments(t *testing.T, c *cluster, l *benchLoad) {
 			burn = exec.Command("nice", "-n", "19", "sh", "-c", "while :; do :; done")
 			e.start, e.stop = burn.Start, func() error { return errors.Join(burn.Process.Kill(), burn.Wait()) }
 		}
+		time.Sleep(beforeMove)
 		start := time.Now()
 		if err := e.start(); err != nil {
 			t.Fatal(err)
@@ -336,6 +338,5 @@ func experiments(t *testing.T, c *cluster, l *benchLoad) {
 		}
 		l.mu.Unlock()
 		fmt.Printf("  %s for %v: other range p99 %v (before %v)\n", e.what, d, p99(during).Round(time.Microsecond), p99(before).Round(time.Microsecond))
-		time.Sleep(beforeMove)
 	}
 }
