@@ -62,6 +62,7 @@ func TestBenchMove(t *testing.T) {
 		t.Skip("set SHARDGATE_BENCH_MOVE to the number of transfers to seed")
 	}
 	clients, rate := envInt("SHARDGATE_BENCH_MOVE_CLIENTS", 8), max(envInt("SHARDGATE_BENCH_MOVE_RATE", 50), 1)
+	pace := benchPace(t)
 	if d, err := time.ParseDuration(os.Getenv("SHARDGATE_BENCH_MOVE_BEFORE")); err == nil && d > 0 {
 		beforeMove = d
 	}
@@ -72,13 +73,6 @@ func TestBenchMove(t *testing.T) {
 	acc := benchAccounts(t)
 	seeded := seedMoving(t, c, acc, size)
 	settle(t, c, servers)
-	pace := DefaultPace
-	if v := os.Getenv("SHARDGATE_BENCH_MOVE_PACE"); v != "" {
-		var err error
-		if pace, err = strconv.ParseFloat(v, 64); err != nil {
-			t.Fatalf("SHARDGATE_BENCH_MOVE_PACE: %v", err)
-		}
-	}
 
 	rt, reg := benchRouter(t, mapPath)
 	srv := httptest.NewServer(rt)
@@ -127,6 +121,20 @@ func TestBenchMove(t *testing.T) {
 	}
 	fmt.Printf("  router buffering: %s\n", bufferSummary(t, reg))
 	checkMoved(t, c, mapPath, size, seeded, load.acked)
+}
+
+// benchPace is the apply's pace: SHARDGATE_BENCH_MOVE_PACE, or DefaultPace unless set.
+func benchPace(t *testing.T) float64 {
+	t.Helper()
+	v := os.Getenv("SHARDGATE_BENCH_MOVE_PACE")
+	if v == "" {
+		return DefaultPace
+	}
+	pace, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		t.Fatalf("SHARDGATE_BENCH_MOVE_PACE: %v", err)
+	}
+	return pace
 }
 
 func envInt(name string, def int) int {
